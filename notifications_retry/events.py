@@ -1,0 +1,55 @@
+"""The ``pin.notifications.dispatched.v1`` event: its payload is built here and nowhere else."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from .models import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
+
+SENT = "Sent"
+FAILED = "Failed"
+
+
+def dispatched_payload(
+    *,
+    notification_id: uuid.UUID,
+    tenant_id: uuid.UUID | None,
+    channel: str,
+    status: str,
+    attempts: int,
+    provider_message_id: str | None,
+    error: str | None,
+    error_kind: str | None,
+    occurred_at: datetime,
+) -> dict[str, Any]:
+    """The event body (schema: ``schemas/notification_dispatched.v1.json``)."""
+    if status not in (SENT, FAILED):
+        raise ValueError(f"dispatched events carry status Sent or Failed, got {status!r}")
+    return {
+        "notification_id": str(notification_id),
+        "tenant_id": str(tenant_id) if tenant_id else None,
+        "channel": channel,
+        "status": status,
+        "attempts": attempts,
+        "provider_message_id": provider_message_id,
+        "error": error or None,
+        "error_kind": error_kind or None,
+        "occurred_at": occurred_at.isoformat(),
+        "contract_version": CONTRACT_VERSION,
+    }
+
+
+def dispatched_event(*, generation: int, created_at: datetime, **payload_fields: Any) -> Outbox:
+    """An unsaved outbox row for one outcome; ``generation`` is the record's requeue count."""
+    payload = dispatched_payload(occurred_at=created_at, **payload_fields)
+    return Outbox(
+        event_id=uuid.uuid4(),
+        topic=DISPATCHED_TOPIC,
+        key=payload["notification_id"],
+        contract_version=CONTRACT_VERSION,
+        generation=generation,
+        payload=payload,
+        created_at=created_at,
+    )

@@ -1,0 +1,48 @@
+"""Errors a provider raises to classify a failed send, and configuration errors."""
+
+from __future__ import annotations
+
+
+class NotificationsRetryError(Exception):
+    """Base of every error this app raises."""
+
+
+class ProviderError(NotificationsRetryError):
+    """A send failed; ``kind`` is a low-cardinality label (metrics, dead-letter triage)."""
+
+    retriable: bool = True
+    default_kind: str = "provider_error"
+
+    def __init__(self, message: str, *, kind: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind or self.default_kind
+        # Seconds the provider asked us to wait (Retry-After); the earliest next attempt.
+        self.retry_after = retry_after
+
+
+class RetryableProviderError(ProviderError):
+    """Temporary failure: timeout, connection error, 5xx, throttling. Retried with backoff."""
+
+    retriable = True
+    default_kind = "retriable"
+
+
+class ProviderThrottled(RetryableProviderError):
+    """The provider asked us to slow down (HTTP 429 or 503 with Retry-After)."""
+
+    default_kind = "throttled"
+
+
+class PermanentProviderError(ProviderError):
+    """Failure that will not heal by retrying: invalid address, revoked template, 4xx."""
+
+    retriable = False
+    default_kind = "permanent"
+
+
+class ChannelConfigurationError(NotificationsRetryError):
+    """A channel's configuration cannot work (unknown provider key, missing option)."""
+
+
+class InvalidTransition(NotificationsRetryError):
+    """A dead-letter operation was asked of a record in the wrong state."""

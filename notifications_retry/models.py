@@ -1,0 +1,377 @@
+"""The app's tables: channels, notifications, the outbox, and the records operators rely on.
+
+Invariants also live in the database (django-pgtrigger): a bug or a hand-written UPDATE cannot
+make a forbidden status transition, lower ``attempts`` outside an audited requeue, or rewrite
+an outbox event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import django
+import pgtrigger
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .exceptions import ChannelConfigurationError
+from .providers.base import ChannelSettings
+
+DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
+CONTRACT_VERSION = 1
+
+
+def check_constraint(condition: Q, name: str) -> models.CheckConstraint:
+    """A CheckConstraint on every supported Django (``check=`` became ``condition=`` in 5.1)."""
+    if django.VERSION >= (5, 1):
+        return models.CheckConstraint(condition=condition, name=name)
+    return models.CheckConstraint(check=condition, name=name)  # type: ignore[call-arg]
+
+
+class ChannelConfigQuerySet(models.QuerySet["ChannelConfig"]):
+    def enabled(self) -> ChannelConfigQuerySet:
+        return self.filter(is_enabled=True)
+
+
+class ChannelConfig(models.Model):
+    """How one channel (email, sms, push, in_app, webhook…) is delivered and retried."""
+
+    class Backoff(models.TextChoices):
+        FIXED = "fixed", "Fixed"
+        EXPONENTIAL = "exponential", "Exponential"
+
+    key = models.SlugField(max_length=64, unique=True, help_text="Channel slug: email, sms, push, in_app…")
+    is_enabled = models.BooleanField(default=True, help_text="Disabled: rows wait untouched.")
+    provider_key = models.CharField(max_length=64, help_text="Key of the provider adapter in the registry.")
+    max_attempts = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    retry_backoff = models.CharField(max_length=16, choices=Backoff.choices, default=Backoff.EXPONENTIAL)
+    backoff_base_seconds = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
+    backoff_cap_seconds = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
+    timeout_seconds = models.FloatField(default=10.0, validators=[MinValueValidator(0.001)])
+    rate_limit_per_second = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.001)], help_text="Empty: no limit."
+    )
+    max_concurrency = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
+    options = models.JSONField(default=dict, blank=True, help_text="Provider options, e.g. {\"url\": …}.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ChannelConfigQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "channel"
+        ordering = ["key"]
+        constraints = [
+            check_constraint(Q(max_attempts__gte=1), "nr_channel_max_attempts_gte_1"),
+            check_constraint(Q(timeout_seconds__gt=0), "nr_channel_timeout_positive"),
+            check_constraint(Q(max_concurrency__gte=1), "nr_channel_concurrency_gte_1"),
+            check_constraint(Q(backoff_base_seconds__gte=1), "nr_channel_backoff_base_gte_1"),
+            check_constraint(
+                Q(backoff_cap_seconds__gte=models.F("backoff_base_seconds")), "nr_channel_backoff_cap_gte_base"
+            ),
+            check_constraint(
+                Q(rate_limit_per_second__isnull=True) | Q(rate_limit_per_second__gt=0),
+                "nr_channel_rate_limit_positive",
+            ),
+            check_constraint(Q(retry_backoff__in=["fixed", "exponential"]), "nr_channel_backoff_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    def settings(self) -> ChannelSettings:
+        """The detached view a provider receives."""
+        return ChannelSettings(
+            key=self.key,
+            provider_key=self.provider_key,
+            timeout_seconds=self.timeout_seconds,
+            max_concurrency=self.max_concurrency,
+            options=dict(self.options or {}),
+        )
+
+    def configuration_problems(self) -> list[str]:
+        """What stops this channel from sending; empty when it can work."""
+        from .providers import get_provider_class
+
+        try:
+            provider = get_provider_class(self.provider_key)
+        except ChannelConfigurationError as exc:
+            return [str(exc)]
+        return provider.options_problems(self.options if self.options is not None else {})
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        if self.backoff_cap_seconds is not None and self.backoff_base_seconds is not None and (
+            self.backoff_cap_seconds < self.backoff_base_seconds
+        ):
+            errors.setdefault("backoff_cap_seconds", []).append("The cap must be at least the base delay.")
+        problems = self.configuration_problems()
+        if problems:
+            field = "provider_key" if "provider key" in problems[0] else "options"
+            errors.setdefault(field, []).extend(problems)
+        if errors:
+            raise ValidationError(errors)
+
+
+class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
+    def due(self, now: Any) -> NotificationQuerySet:
+        """Rows the worker may claim at ``now`` (the trigger-maintained ``due_at`` says when)."""
+        return self.filter(due_at__lte=now)
+
+    def dead_letters(self) -> NotificationQuerySet:
+        """Terminal failures, resolved or not."""
+        return self.filter(dead_lettered_at__isnull=False)
+
+    def unresolved_dead_letters(self) -> NotificationQuerySet:
+        return self.dead_letters().filter(resolution="")
+
+    def failed_backlog(self) -> NotificationQuerySet:
+        """Failed rows still waiting for a retry (not dead letters)."""
+        return self.filter(status=NotificationEntity.Status.FAILED, dead_lettered_at__isnull=True)
+
+
+# Kept in one place: the due-time rule the claim index and the trigger agree on.
+DUE_AT_SQL = """
+    NEW.due_at := CASE
+        WHEN NEW.claim_token IS NOT NULL THEN NEW.claim_expires_at
+        WHEN NEW.status = 'failed' AND NEW.dead_lettered_at IS NULL
+            THEN COALESCE(NEW.next_attempt_at, NEW.created_at)
+        WHEN NEW.status = 'pending' THEN NEW.scheduled_at
+        ELSE NULL
+    END;
+    RETURN NEW;
+"""
+
+
+class NotificationEntity(models.Model):
+    """One notification to one recipient on one channel; its row is the retry checkpoint."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    class Priority(models.IntegerChoices):
+        HIGH = 0, "High"
+        NORMAL = 5, "Normal"
+        LOW = 9, "Low"
+
+    class Resolution(models.TextChoices):
+        UNRESOLVED = "", "Unresolved"
+        DISCARDED = "discarded", "Discarded"
+        UNRESOLVABLE = "unresolvable", "Unresolvable (retention expired)"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="NotificationId")
+    tenant_id = models.UUIDField(null=True, blank=True, db_index=True)
+    channel = models.ForeignKey(ChannelConfig, on_delete=models.PROTECT, related_name="notifications",
+                                db_index=False)
+    recipient = models.TextField()
+    payload = models.JSONField(default=dict, blank=True)
+    notification_type = models.CharField(max_length=64, blank=True, default="",
+                                         help_text="e.g. transactional, marketing: sets the attempt budget.")
+    priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True, help_text="Deferred (quiet hours) until then.")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Not sent after this deadline.")
+    due_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                  help_text="Maintained by a trigger: when the worker may take the row.")
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    provider_message_id = models.CharField(max_length=255, null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    error_kind = models.CharField(max_length=64, blank=True, default="")
+    attempt_log = models.JSONField(default=list, blank=True, editable=False)
+    dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    dead_letter_reason = models.TextField(blank=True, default="")
+    resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    correlation_id = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "notification"
+        permissions = [
+            ("requeue_notificationentity", "Can requeue dead-lettered notifications"),
+            ("discard_notificationentity", "Can discard dead-lettered notifications"),
+            ("view_recipient", "Can see notification recipients unmasked"),
+        ]
+        indexes = [
+            # Partial indexes: a tick's cost must not grow with the number of Sent rows.
+            models.Index(fields=["due_at", "priority"], name="nr_due_idx", condition=Q(due_at__isnull=False)),
+            models.Index(fields=["channel", "due_at", "priority"], name="nr_channel_due_idx",
+                         condition=Q(due_at__isnull=False)),
+            models.Index(fields=["dead_lettered_at"], name="nr_dead_letter_idx",
+                         condition=Q(dead_lettered_at__isnull=False)),
+            models.Index(fields=["status", "created_at"], name="nr_status_created_idx"),
+            models.Index(fields=["provider_message_id"], name="nr_provider_message_idx"),
+        ]
+        constraints = [
+            check_constraint(Q(status__in=["pending", "sent", "failed"]), "nr_notification_status_valid"),
+            check_constraint(
+                Q(dead_lettered_at__isnull=True) | Q(status="failed"), "nr_dead_letter_is_failed"
+            ),
+        ]
+        triggers = [
+            pgtrigger.Trigger(
+                name="nr_maintain_due_at",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert | pgtrigger.Update,
+                func=DUE_AT_SQL,
+            ),
+            pgtrigger.Trigger(
+                name="nr_status_transitions",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "OLD.status IS DISTINCT FROM NEW.status AND (OLD.status, NEW.status) NOT IN "
+                    "(('failed', 'sent'), ('pending', 'sent'), ('pending', 'failed'))"
+                ),
+                func=(
+                    "RAISE EXCEPTION 'INV-NTF-5 forbids the status transition % -> % (notification %)', "
+                    "OLD.status, NEW.status, OLD.id USING ERRCODE = 'check_violation'; RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="nr_attempts_monotonic",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "NEW.requeue_count < OLD.requeue_count OR "
+                    "(NEW.attempts < OLD.attempts AND NEW.requeue_count = OLD.requeue_count)"
+                ),
+                func=(
+                    "RAISE EXCEPTION 'attempts may only decrease through an audited requeue "
+                    "(notification %: attempts % -> %, requeue_count % -> %)', OLD.id, OLD.attempts, "
+                    "NEW.attempts, OLD.requeue_count, NEW.requeue_count USING ERRCODE = 'check_violation'; "
+                    "RETURN NULL;"
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}:{self.id} ({self.status})"
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.dead_lettered_at is not None
+
+
+class Outbox(models.Model):
+    """A transactional outbox row: written with the status change, published by the relay."""
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    topic = models.CharField(max_length=128, default=DISPATCHED_TOPIC)
+    key = models.CharField(max_length=64, help_text="The NotificationId as text.")
+    contract_version = models.PositiveSmallIntegerField(default=CONTRACT_VERSION)
+    generation = models.PositiveIntegerField(
+        default=0, help_text="The notification's requeue count at the outcome: one event per outcome."
+    )
+    payload = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "outbox event"
+        verbose_name_plural = "outbox"
+        constraints = [
+            models.UniqueConstraint(fields=["topic", "key", "generation"], name="nr_outbox_one_event_per_outcome"),
+        ]
+        indexes = [
+            models.Index(fields=["id"], name="nr_outbox_unpublished_idx", condition=Q(published_at__isnull=True)),
+            models.Index(fields=["published_at"], name="nr_outbox_published_idx",
+                         condition=Q(published_at__isnull=False)),
+        ]
+        triggers = [
+            pgtrigger.Trigger(
+                name="nr_outbox_immutable",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "OLD.published_at IS NOT NULL OR "
+                    "(OLD.id, OLD.event_id, OLD.topic, OLD.key, OLD.contract_version, OLD.generation, "
+                    "OLD.payload::text, OLD.created_at) IS DISTINCT FROM "
+                    "(NEW.id, NEW.event_id, NEW.topic, NEW.key, NEW.contract_version, NEW.generation, "
+                    "NEW.payload::text, NEW.created_at)"
+                ),
+                func=(
+                    "RAISE EXCEPTION 'outbox event % is immutable: only marking it published is allowed', "
+                    "OLD.event_id USING ERRCODE = 'check_violation'; RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="nr_outbox_keep_unpublished",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Delete,
+                condition=pgtrigger.Condition("OLD.published_at IS NULL"),
+                func=(
+                    "RAISE EXCEPTION 'outbox event % is not published yet and cannot be deleted', "
+                    "OLD.event_id USING ERRCODE = 'check_violation'; RETURN NULL;"
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} {self.key} ({'published' if self.published_at else 'pending'})"
+
+
+class DeadLetterAction(models.Model):
+    """Audit trail of triage: who requeued, discarded or expired a dead letter, when and why."""
+
+    class Action(models.TextChoices):
+        REQUEUE = "requeue", "Requeued"
+        DISCARD = "discard", "Discarded"
+        EXPIRE = "expire", "Marked unresolvable"
+
+    notification = models.ForeignKey(NotificationEntity, on_delete=models.CASCADE, related_name="triage_log")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    actor = models.CharField(max_length=150, help_text="User name, or 'system' for housekeeping.")
+    reason = models.TextField(blank=True, default="")
+    attempts_before = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.notification_id} by {self.actor}"
+
+
+class WorkerHeartbeat(models.Model):
+    """Last tick of each lane's owner: for liveness probes and the dashboard."""
+
+    lane = models.CharField(max_length=64, primary_key=True)
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(default=0)
+    last_tick_started_at = models.DateTimeField(null=True, blank=True)
+    last_tick_completed_at = models.DateTimeField(null=True, blank=True)
+    last_tick_stats = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.lane} @ {self.last_tick_completed_at}"
+
+
+class BacklogSample(models.Model):
+    """A point of the backlog over time, written by the worker at the end of a tick."""
+
+    taken_at = models.DateTimeField(db_index=True)
+    due_backlog = models.PositiveIntegerField(default=0)
+    failed_backlog = models.PositiveIntegerField(default=0)
+    dead_letters_unresolved = models.PositiveIntegerField(default=0)
+    oldest_due_age_seconds = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["taken_at"]
+
+    def __str__(self) -> str:
+        return f"{self.taken_at}: {self.due_backlog} due"

@@ -1,0 +1,63 @@
+"""Provider registry keyed by ``ChannelConfig.provider_key``.
+
+Built-ins are ``in_app``, ``stub`` and ``webhook``; ``NOTIFICATIONS_RETRY["PROVIDERS"]`` adds or
+replaces entries with dotted paths of :class:`Provider` subclasses.
+"""
+
+from __future__ import annotations
+
+from django.utils.module_loading import import_string
+
+from ..conf import get_settings
+from ..exceptions import ChannelConfigurationError
+from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
+from .in_app import InAppProvider
+from .stub import StubProvider
+from .webhook import WebhookProvider
+
+BUILTIN_PROVIDERS: dict[str, type[Provider]] = {
+    InAppProvider.key: InAppProvider,
+    StubProvider.key: StubProvider,
+    WebhookProvider.key: WebhookProvider,
+}
+
+__all__ = [
+    "BUILTIN_PROVIDERS",
+    "ChannelSettings",
+    "OutgoingMessage",
+    "Provider",
+    "SendResult",
+    "get_provider_class",
+    "provider_keys",
+    "registry",
+]
+
+
+def registry() -> dict[str, type[Provider]]:
+    """Every provider key known now: built-ins overlaid with the settings' ``PROVIDERS``."""
+    providers = dict(BUILTIN_PROVIDERS)
+    for key, path in get_settings().PROVIDERS.items():
+        try:
+            cls = import_string(path)
+        except ImportError as exc:
+            raise ChannelConfigurationError(f"provider {key!r}: cannot import {path!r}: {exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, Provider)):
+            raise ChannelConfigurationError(f"provider {key!r}: {path!r} is not a Provider subclass")
+        providers[key] = cls
+    return providers
+
+
+def provider_keys() -> list[str]:
+    """Sorted provider keys, for choices and error messages."""
+    return sorted(registry())
+
+
+def get_provider_class(key: str) -> type[Provider]:
+    """The provider class for ``key``; a clear error naming the known keys otherwise."""
+    providers = registry()
+    try:
+        return providers[key]
+    except KeyError:
+        raise ChannelConfigurationError(
+            f"unknown provider key {key!r}; known: {', '.join(sorted(providers))}"
+        ) from None

@@ -1,0 +1,71 @@
+"""The provider interface: one class per delivery mechanism, one instance per channel."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+
+@dataclasses.dataclass(frozen=True)
+class OutgoingMessage:
+    """What a provider is asked to deliver; ``notification_id`` is the idempotency key."""
+
+    notification_id: uuid.UUID
+    tenant_id: uuid.UUID | None
+    channel: str
+    recipient: str
+    payload: Any
+    attempt: int
+    priority: int
+    notification_type: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SendResult:
+    """A delivered message; ``provider_message_id`` is what the provider calls it."""
+
+    provider_message_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelSettings:
+    """The part of a ``ChannelConfig`` a provider needs, detached from the ORM."""
+
+    key: str
+    provider_key: str
+    timeout_seconds: float
+    max_concurrency: int
+    options: Mapping[str, Any]
+
+
+class Provider:
+    """Base class of provider adapters.
+
+    ``send`` runs with no database transaction open. It returns a :class:`SendResult` or raises
+    :class:`~notifications_retry.exceptions.RetryableProviderError` /
+    :class:`~notifications_retry.exceptions.PermanentProviderError`; anything else it raises
+    is treated as a retriable failure of that one record.
+    """
+
+    key: ClassVar[str] = ""
+    #: True for providers that do no I/O: the worker calls them on its own thread, skipping the pool.
+    inline: ClassVar[bool] = False
+
+    def __init__(self, channel: ChannelSettings) -> None:
+        self.channel = channel
+
+    @classmethod
+    def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
+        """Describe what is wrong with a channel's ``options`` for this provider; empty when valid."""
+        if not isinstance(options, Mapping):
+            return ["options must be a JSON object"]
+        return []
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        """Deliver one message, idempotently by ``message.notification_id``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections; called when the worker is done with the channel."""

@@ -1,0 +1,157 @@
+"""Webhook provider: POST the notification as JSON, idempotent by ``Idempotency-Key``."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
+from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
+
+#: A success answer larger than this is not parsed for an id: a webhook answers briefly.
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
+    """Map an HTTP answer to a result or a classified error (SPEC §5's table, in one place)."""
+    if 200 <= status < 300:
+        return SendResult(provider_message_id=_message_id(body))
+    retry_after = parse_retry_after(headers.get("retry-after"))
+    reason = f"webhook answered HTTP {status}"
+    if status == 429:
+        raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after)
+    if status == 503:
+        raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after)
+    if status == 408:
+        raise RetryableProviderError(reason, kind="timeout")
+    if status >= 500:
+        raise RetryableProviderError(reason, kind="http_5xx")
+    if 400 <= status < 500:
+        raise PermanentProviderError(reason, kind="http_4xx")
+    raise PermanentProviderError(f"{reason} (redirects are not followed)", kind="http_unexpected")
+
+
+def _message_id(body: bytes) -> str | None:
+    if not body:
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(data, dict) and data.get("id") is not None:
+        return str(data["id"])[:255]
+    return None
+
+
+class WebhookProvider(Provider):
+    """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` (HMAC signature)."""
+
+    key: ClassVar[str] = "webhook"
+
+    def __init__(self, channel: ChannelSettings) -> None:
+        super().__init__(channel)
+        options = channel.options
+        self.url: str = options["url"]
+        self.extra_headers: dict[str, str] = dict(options.get("headers") or {})
+        self.secret: str | None = options.get("secret")
+        self.timeout = float(channel.timeout_seconds)
+        connections = max(1, int(channel.max_concurrency))
+        self.client = httpx.Client(
+            timeout=httpx.Timeout(self.timeout),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    @classmethod
+    def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
+        problems = super().options_problems(options)
+        if problems:
+            return problems
+        url = options.get("url")
+        if not url or not isinstance(url, str):
+            return ["webhook channel needs options['url']"]
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(f"webhook url must be an http(s) URL with a host, got {url!r}")
+        headers = options.get("headers", {})
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            problems.append("webhook option 'headers' must map header names to strings")
+        if "secret" in options and not isinstance(options["secret"], str):
+            problems.append("webhook option 'secret' must be a string")
+        return problems
+
+    def body(self, message: OutgoingMessage) -> bytes:
+        """The request body; byte-identical for every attempt of one notification."""
+        document = {
+            "notification_id": str(message.notification_id),
+            "tenant_id": str(message.tenant_id) if message.tenant_id else None,
+            "channel": message.channel,
+            "recipient": message.recipient,
+            "notification_type": message.notification_type,
+            "payload": message.payload,
+        }
+        try:
+            return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise PermanentProviderError(f"payload cannot be serialized: {exc}", kind="serialization") from exc
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        body = self.body(message)
+        headers = {
+            **self.extra_headers,
+            "Content-Type": "application/json",
+            "Idempotency-Key": str(message.notification_id),
+        }
+        if self.secret:
+            digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
+            headers["X-Signature"] = f"sha256={digest}"
+        deadline = time.monotonic() + self.timeout
+        try:
+            with self.client.stream("POST", self.url, content=body, headers=headers) as response:
+                received = bytearray()
+                # Per-read timeouts do not bound a server that drips bytes: check the whole deadline too.
+                for chunk in response.iter_bytes():
+                    if time.monotonic() > deadline:
+                        raise RetryableProviderError(
+                            f"webhook answer took longer than {self.timeout:g}s", kind="timeout"
+                        )
+                    if len(received) < MAX_RESPONSE_BYTES:
+                        received.extend(chunk[: MAX_RESPONSE_BYTES - len(received)])
+                return classify_response(response.status_code, response.headers, bytes(received))
+        except httpx.TimeoutException as exc:
+            raise RetryableProviderError(f"webhook timed out: {exc!r}", kind="timeout") from exc
+        except httpx.ConnectError as exc:
+            raise RetryableProviderError(f"webhook connection failed: {exc!r}", kind="connection") from exc
+        except httpx.TransportError as exc:
+            raise RetryableProviderError(f"webhook transport error: {exc!r}", kind="transport") from exc
+
+    def close(self) -> None:
+        self.client.close()

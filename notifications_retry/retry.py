@@ -1,0 +1,50 @@
+"""Backoff policy as a pure function: the clock and randomness are parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from datetime import datetime, timedelta
+
+FIXED = "fixed"
+EXPONENTIAL = "exponential"
+
+
+@dataclasses.dataclass(frozen=True)
+class BackoffPolicy:
+    """How long to wait before attempt ``attempts + 1``."""
+
+    kind: str = EXPONENTIAL
+    base_seconds: float = 60.0
+    cap_seconds: float = 3600.0
+    jitter_ratio: float = 0.1
+
+    def base_delay(self, attempts: int) -> float:
+        """The delay before jitter: fixed, or ``min(cap, base * 2 ** (attempts - 1))``."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1 after a failed attempt, got {attempts}")
+        if self.kind == FIXED:
+            return min(self.cap_seconds, self.base_seconds)
+        # Guard the exponent so a huge attempt count cannot overflow a float.
+        exponent = min(attempts - 1, 62)
+        return float(min(self.cap_seconds, self.base_seconds * 2**exponent))
+
+    def delay(self, attempts: int, rng: random.Random) -> float:
+        """Base delay spread by +-jitter_ratio, so a burst of failures does not return as a burst."""
+        base = self.base_delay(attempts)
+        spread = base * self.jitter_ratio
+        return max(0.0, base + rng.uniform(-spread, spread))
+
+
+def next_attempt_at(
+    attempts: int,
+    now: datetime,
+    rng: random.Random,
+    policy: BackoffPolicy,
+    retry_after: float | None = None,
+) -> datetime:
+    """When the next attempt is due; never earlier than the provider's ``Retry-After``."""
+    delay = policy.delay(attempts, rng)
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return now + timedelta(seconds=delay)
