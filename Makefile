@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` and `make test`. Everything they need is installed here.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+
+.PHONY: demo test lint type bench soak clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test,example,dev,otel]'
+	touch $@
+
+# The example project's demo, on an embedded PostgreSQL unless DATABASE_URL is set.
+demo: $(VENV)/.installed
+	$(PY) manage.py demo
+
+# The test suite against a real PostgreSQL (the local server, started when it is down).
+test: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+type: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pgdata build dist *.egg-info

@@ -1,0 +1,60 @@
+"""Queue health: the seed's "counts and max age by status" query, and the backlog figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+from django.db.models import Count, Min
+
+from .models import NotificationEntity
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusRow:
+    """One (status, channel) group: how many rows and how old the oldest is."""
+
+    status: str
+    channel: str
+    count: int
+    oldest_age_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """What is waiting for the worker now."""
+
+    due: int
+    failed_backlog: int
+    dead_letters_unresolved: int
+    oldest_due_age_seconds: float
+
+
+def status_breakdown(now: datetime) -> list[StatusRow]:
+    """Counts and oldest age by status and channel (a full scan: for dashboards, not for ticks)."""
+    rows = (
+        NotificationEntity.objects.values("status", "channel__key")
+        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .order_by("status", "channel__key")
+    )
+    return [
+        StatusRow(
+            status=r["status"],
+            channel=r["channel__key"],
+            count=r["count"],
+            oldest_age_seconds=max(0.0, (now - r["oldest"]).total_seconds()) if r["oldest"] else 0.0,
+        )
+        for r in rows
+    ]
+
+
+def backlog(now: datetime) -> Backlog:
+    """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row."""
+    due_qs = NotificationEntity.objects.due(now)
+    oldest = due_qs.aggregate(oldest=Min("due_at"))["oldest"]
+    return Backlog(
+        due=due_qs.count(),
+        failed_backlog=NotificationEntity.objects.failed_backlog().count(),
+        dead_letters_unresolved=NotificationEntity.objects.unresolved_dead_letters().count(),
+        oldest_due_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+    )
