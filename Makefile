@@ -18,6 +18,7 @@ demo: $(VENV)/.installed
 # The test suite against a real PostgreSQL (the local server, started when it is down).
 test: $(VENV)/.installed
 	bash scripts/ensure-postgres
+	bash scripts/ensure-chromium
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
