@@ -1,3 +1,90 @@
-"""notifications_retry: a PostgreSQL-backed retry worker for Django notifications."""
+"""notifications_retry: a PostgreSQL-backed retry worker for Django notifications.
+
+The public API is re-exported here but imported on first use: ``import notifications_retry`` (as
+Django does while reading ``INSTALLED_APPS``) must not load models before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .api import (
+        CANCELLED,
+        QueueStats,
+        TriageResult,
+        cancel_notification,
+        create_notification,
+        discard_dead_letters,
+        notification_created,
+        queue_stats,
+        requeue_dead_letters,
+        schedule_notification,
+    )
+    from .exceptions import (
+        ChannelConfigurationError,
+        InvalidTransition,
+        NotificationsRetryError,
+        PermanentProviderError,
+        ProviderError,
+        ProviderThrottled,
+        RetryableProviderError,
+    )
+
+_EXPORTS: dict[str, str] = {
+    "CANCELLED": "api",
+    "QueueStats": "api",
+    "TriageResult": "api",
+    "cancel_notification": "api",
+    "create_notification": "api",
+    "discard_dead_letters": "api",
+    "notification_created": "api",
+    "queue_stats": "api",
+    "requeue_dead_letters": "api",
+    "schedule_notification": "api",
+    "ChannelConfigurationError": "exceptions",
+    "InvalidTransition": "exceptions",
+    "NotificationsRetryError": "exceptions",
+    "PermanentProviderError": "exceptions",
+    "ProviderError": "exceptions",
+    "ProviderThrottled": "exceptions",
+    "RetryableProviderError": "exceptions",
+}
+
+__all__ = [
+    "CANCELLED",
+    "ChannelConfigurationError",
+    "InvalidTransition",
+    "NotificationsRetryError",
+    "PermanentProviderError",
+    "ProviderError",
+    "ProviderThrottled",
+    "QueueStats",
+    "RetryableProviderError",
+    "TriageResult",
+    "__version__",
+    "cancel_notification",
+    "create_notification",
+    "discard_dead_letters",
+    "notification_created",
+    "queue_stats",
+    "requeue_dead_letters",
+    "schedule_notification",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first access (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,37 +1,205 @@
-"""System checks ``notifications_retry.E00x`` / ``W00x``."""
+"""System checks ``notifications_retry.E00x`` / ``W00x`` (the table is in docs/settings.md).
+
+Checks without the ``database`` tag never open a connection: they run on every ``manage.py``
+command, including a ``migrate`` on an empty database. Only ``check_channels`` reads rows, and
+Django runs it only when asked for databases (``check --database``, ``migrate``), so it first makes
+sure the table exists.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
+from django.utils.module_loading import import_string
 
-from .conf import get_settings, settings_problems
+from .conf import RetrySettings, get_settings, settings_problems
+from .exceptions import ChannelConfigurationError
+
+#: PgBouncer's default port: a hint, not proof, that an alias goes through the pooler.
+PGBOUNCER_DEFAULT_PORT = "6432"
+
+
+def _settings() -> tuple[RetrySettings | None, list[CheckMessage]]:
+    try:
+        conf = get_settings()
+    except (ImproperlyConfigured, TypeError) as exc:
+        return None, [Error(str(exc), id="notifications_retry.E001")]
+    problems = settings_problems(conf)
+    return conf, [Error(f"NOTIFICATIONS_RETRY: {p}", id="notifications_retry.E001") for p in problems]
 
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """E001: settings of the wrong type or range; E002: PostgreSQL is required."""
+    """E001 settings of the wrong type or range; W003/W004 values that work against each other."""
+    conf, messages = _settings()
+    if conf is None or messages:
+        return messages
+    if conf.MAX_DURATION_SECONDS >= conf.INTERVAL_SECONDS:
+        messages.append(
+            Warning(
+                f"NOTIFICATIONS_RETRY: MAX_DURATION_SECONDS ({conf.MAX_DURATION_SECONDS:g}) is not below "
+                f"INTERVAL_SECONDS ({conf.INTERVAL_SECONDS:g}): a long tick runs into the next one.",
+                hint="Keep MAX_DURATION_SECONDS well below INTERVAL_SECONDS (defaults: 45 and 60).",
+                id="notifications_retry.W003",
+            )
+        )
+    if conf.HEARTBEAT_MAX_AGE_SECONDS <= conf.INTERVAL_SECONDS:
+        messages.append(
+            Warning(
+                f"NOTIFICATIONS_RETRY: HEARTBEAT_MAX_AGE_SECONDS ({conf.HEARTBEAT_MAX_AGE_SECONDS:g}) is not "
+                f"above INTERVAL_SECONDS ({conf.INTERVAL_SECONDS:g}): a healthy worker looks dead "
+                "between ticks.",
+                hint="Use at least two intervals plus MAX_DURATION_SECONDS (default 180).",
+                id="notifications_retry.W004",
+            )
+        )
+    return messages
+
+
+@register()
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E002 PostgreSQL is required; E005 the lock alias must exist; E004/W001 the lock must bypass poolers."""
+    conf, problems = _settings()
+    alias = conf.LOCK_DATABASE_ALIAS if conf is not None and not problems else "default"
     messages: list[CheckMessage] = []
-    try:
-        conf = get_settings()
-    except (ImproperlyConfigured, TypeError) as exc:
-        return [Error(str(exc), id="notifications_retry.E001")]
-    for problem in settings_problems(conf):
-        messages.append(Error(f"NOTIFICATIONS_RETRY: {problem}", id="notifications_retry.E001"))
-    alias = conf.LOCK_DATABASE_ALIAS
-    for name in {"default", alias}:
+    for name in dict.fromkeys(["default", alias]):
         if name not in connections.settings:
-            messages.append(Error(f"database alias {name!r} is not in DATABASES", id="notifications_retry.E002"))
-            continue
-        if connections[name].vendor != "postgresql":
             messages.append(
                 Error(
-                    f"notifications_retry requires PostgreSQL (advisory locks, SKIP LOCKED, triggers); "
-                    f"database {name!r} is {connections[name].vendor}",
+                    f"NOTIFICATIONS_RETRY: LOCK_DATABASE_ALIAS {name!r} is not in DATABASES",
+                    hint=f"Known aliases: {', '.join(sorted(connections.settings))}.",
+                    id="notifications_retry.E005",
+                )
+            )
+            continue
+        vendor = connections[name].vendor  # the wrapper is built lazily: no connection is opened
+        if vendor != "postgresql":
+            messages.append(
+                Error(
+                    "notifications_retry requires PostgreSQL (advisory locks, SKIP LOCKED, triggers); "
+                    f"database {name!r} is {vendor}",
                     id="notifications_retry.E002",
+                )
+            )
+    if conf is not None and not problems and alias in connections.settings:
+        messages.extend(_lock_alias_messages(conf, alias, connections.settings[alias]))
+    return messages
+
+
+def _lock_alias_messages(conf: RetrySettings, alias: str, db: Mapping[str, Any]) -> list[CheckMessage]:
+    # A session advisory lock lives on one server connection. Behind a transaction pooler (or in a
+    # client-side pool that hands connections back without closing them) the "owner" changes under
+    # the worker, two workers can both think they own the cycle, and the lock need not die with its owner.
+    reasons: list[str] = []
+    if conf.LOCK_DATABASE_POOLED:
+        reasons.append("NOTIFICATIONS_RETRY['LOCK_DATABASE_POOLED'] is True")
+    if db.get("DISABLE_SERVER_SIDE_CURSORS"):
+        reasons.append(f"DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] is set (transaction pooling)")
+    options = db.get("OPTIONS") or {}
+    if isinstance(options, Mapping) and options.get("pool"):
+        reasons.append(f"DATABASES[{alias!r}]['OPTIONS']['pool'] is enabled (psycopg connection pool)")
+    if reasons:
+        return [
+            Error(
+                f"NOTIFICATIONS_RETRY: the cycle's advisory lock alias {alias!r} goes through a connection "
+                f"pool ({'; '.join(reasons)}); a session lock does not survive transaction pooling.",
+                hint="Add a DATABASES entry that connects to PostgreSQL directly (past PgBouncer, without "
+                "OPTIONS['pool']) and name it in NOTIFICATIONS_RETRY['LOCK_DATABASE_ALIAS'].",
+                id="notifications_retry.E004",
+            )
+        ]
+    if str(db.get("PORT") or "") == PGBOUNCER_DEFAULT_PORT:
+        return [
+            Warning(
+                f"NOTIFICATIONS_RETRY: the lock alias {alias!r} uses port {PGBOUNCER_DEFAULT_PORT}, "
+                "PgBouncer's default; session advisory locks do not survive transaction pooling.",
+                hint="Point LOCK_DATABASE_ALIAS at PostgreSQL directly, or silence notifications_retry.W001 "
+                "if this port is the server itself.",
+                id="notifications_retry.W001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_providers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E003: every entry of ``PROVIDERS`` imports and is a Provider subclass."""
+    from .providers import BUILTIN_PROVIDERS, Provider
+
+    conf, problems = _settings()
+    if conf is None or problems:
+        return []
+    messages: list[CheckMessage] = []
+    for key, path in conf.PROVIDERS.items():
+        try:
+            cls = import_string(path)
+        except ImportError as exc:
+            messages.append(
+                Error(
+                    f"NOTIFICATIONS_RETRY['PROVIDERS'][{key!r}]: cannot import {path!r}: {exc}",
+                    id="notifications_retry.E003",
+                )
+            )
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Provider)):
+            messages.append(
+                Error(
+                    f"NOTIFICATIONS_RETRY['PROVIDERS'][{key!r}]: {path!r} is not a "
+                    "notifications_retry.providers.Provider subclass",
+                    id="notifications_retry.E003",
+                )
+            )
+        elif key in BUILTIN_PROVIDERS and cls is not BUILTIN_PROVIDERS[key]:
+            messages.append(
+                Warning(
+                    f"NOTIFICATIONS_RETRY['PROVIDERS'][{key!r}] replaces the built-in {key!r} provider.",
+                    hint="Intended when swapping an adapter; otherwise choose another key.",
+                    id="notifications_retry.W005",
+                )
+            )
+    return messages
+
+
+def _channels_table_exists(alias: str) -> bool:
+    from .models import ChannelConfig
+
+    with connections[alias].cursor() as cursor:
+        return ChannelConfig._meta.db_table in connections[alias].introspection.table_names(cursor)
+
+
+@register(Tags.database)
+def check_channels(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W002: channels whose configuration cannot send (their rows wait, like a disabled channel's)."""
+    from .models import ChannelConfig
+
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if connections["default"].vendor != "postgresql" or not _channels_table_exists("default"):
+            return []  # E002 already speaks for another backend; migrate runs checks before tables exist
+        channels = list(ChannelConfig.objects.using("default").filter(is_enabled=True).order_by("key"))
+    except DatabaseError:
+        return []  # an unreachable server is not a configuration problem of this app
+    messages: list[CheckMessage] = []
+    for channel in channels:
+        try:
+            problems = channel.configuration_problems()
+        except ChannelConfigurationError as exc:
+            problems = [str(exc)]
+        if problems:
+            messages.append(
+                Warning(
+                    f"channel {channel.key!r} cannot send: {'; '.join(problems)}",
+                    hint="Its notifications wait untouched (counted as channel-disabled) until the channel "
+                    "is fixed in the admin or disabled.",
+                    obj=channel,
+                    id="notifications_retry.W002",
                 )
             )
     return messages

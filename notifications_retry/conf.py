@@ -52,33 +52,60 @@ class RetrySettings:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ImproperlyConfigured(
-                f"{SETTINGS_NAME} has unknown key(s): {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+                f"{SETTINGS_NAME} has unknown key(s): {', '.join(unknown)}; "
+                f"known keys: {', '.join(sorted(known))}"
             )
         values = dict(raw)
         if "WEBHOOK_ALLOWED_HOSTS" in values:
-            values["WEBHOOK_ALLOWED_HOSTS"] = tuple(values["WEBHOOK_ALLOWED_HOSTS"])
+            hosts = values["WEBHOOK_ALLOWED_HOSTS"]
+            # A bare string would be split into characters: refuse it rather than allow "e", "x"…
+            if isinstance(hosts, str) or not isinstance(hosts, list | tuple | set | frozenset):
+                raise ImproperlyConfigured(
+                    f"{SETTINGS_NAME}['WEBHOOK_ALLOWED_HOSTS'] must be a list of host names, got {hosts!r}"
+                )
+            values["WEBHOOK_ALLOWED_HOSTS"] = tuple(hosts)
         return cls(**values)
 
 
 def settings_problems(conf: RetrySettings) -> list[str]:
     """Describe every value of the wrong type or range; empty when all is well."""
     problems: list[str] = []
-    positive_ints = ("BATCH_SIZE", "CLAIM_CHUNK_SIZE", "WORKER_THREADS", "CIRCUIT_FAILURE_THRESHOLD",
-                     "DEAD_LETTER_RETENTION_DAYS", "OUTBOX_RETENTION_DAYS", "BULK_ACTION_CAP",
-                     "LOCK_IDLE_SESSION_TIMEOUT_SECONDS")
+    positive_ints = (
+        "BATCH_SIZE",
+        "CLAIM_CHUNK_SIZE",
+        "WORKER_THREADS",
+        "CIRCUIT_FAILURE_THRESHOLD",
+        "DEAD_LETTER_RETENTION_DAYS",
+        "OUTBOX_RETENTION_DAYS",
+        "BULK_ACTION_CAP",
+        "LOCK_IDLE_SESSION_TIMEOUT_SECONDS",
+    )
     for name in positive_ints:
         value = getattr(conf, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{name} must be a positive integer, got {value!r}")
-    positive_numbers = ("MAX_DURATION_SECONDS", "INTERVAL_SECONDS", "CIRCUIT_COOLDOWN_SECONDS",
-                        "THROTTLE_DEFAULT_SECONDS", "HEARTBEAT_MAX_AGE_SECONDS")
+    positive_numbers = (
+        "MAX_DURATION_SECONDS",
+        "INTERVAL_SECONDS",
+        "CIRCUIT_COOLDOWN_SECONDS",
+        "THROTTLE_DEFAULT_SECONDS",
+        "HEARTBEAT_MAX_AGE_SECONDS",
+    )
     for name in positive_numbers:
         value = getattr(conf, name)
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
             problems.append(f"{name} must be a positive number, got {value!r}")
-    if not isinstance(conf.LEASE_GRACE_SECONDS, int | float) or conf.LEASE_GRACE_SECONDS < 0:
+    if (
+        not isinstance(conf.LEASE_GRACE_SECONDS, int | float)
+        or isinstance(conf.LEASE_GRACE_SECONDS, bool)
+        or conf.LEASE_GRACE_SECONDS < 0
+    ):
         problems.append(f"LEASE_GRACE_SECONDS must be a number >= 0, got {conf.LEASE_GRACE_SECONDS!r}")
-    if not isinstance(conf.JITTER_RATIO, int | float) or not 0 <= conf.JITTER_RATIO < 1:
+    if (
+        not isinstance(conf.JITTER_RATIO, int | float)
+        or isinstance(conf.JITTER_RATIO, bool)
+        or not 0 <= conf.JITTER_RATIO < 1
+    ):
         problems.append(f"JITTER_RATIO must be a number in [0, 1), got {conf.JITTER_RATIO!r}")
     if conf.CLOCK not in ("database", "system"):
         problems.append(f"CLOCK must be 'database' or 'system', got {conf.CLOCK!r}")
@@ -101,8 +128,14 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         for name, lane in conf.LANES.items():
             if not isinstance(lane, Mapping) or set(lane) - {"priorities", "channels"}:
                 problems.append(f"LANES[{name!r}] must be a mapping with keys 'priorities' and/or 'channels'")
+    if not isinstance(conf.LOCK_DATABASE_POOLED, bool):
+        problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
+    if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):
+        problems.append("WEBHOOK_ALLOWED_HOSTS must be a list of host names")
     if conf.METRICS_PORT is not None and (
-        not isinstance(conf.METRICS_PORT, int) or not 0 <= conf.METRICS_PORT <= 65535
+        not isinstance(conf.METRICS_PORT, int)
+        or isinstance(conf.METRICS_PORT, bool)
+        or not 0 <= conf.METRICS_PORT <= 65535
     ):
         problems.append(f"METRICS_PORT must be a port number or None, got {conf.METRICS_PORT!r}")
     return problems

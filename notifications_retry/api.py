@@ -1,0 +1,199 @@
+"""The public API for the monolith: create, schedule, cancel, triage, and queue stats.
+
+Every function runs in the caller's transaction when there is one (``transaction.atomic`` nests as
+a savepoint), so a notification created while saving an order commits or rolls back with the order.
+Work that must only happen once the row is visible to other processes (telling the monolith's own
+dispatcher about a fresh notification) is deferred with ``transaction.on_commit``.
+
+Who sends what: a fresh Pending notification (no ``scheduled_at``) belongs to the monolith's main
+dispatcher; the retry worker never touches it. A Pending one with ``scheduled_at`` is the worker's
+once that time has come, and so is a Failed one whose ``next_attempt_at`` has come.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+from django.utils import timezone
+
+from . import events
+from .exceptions import InvalidTransition
+from .health import Backlog, StatusRow, backlog, status_breakdown
+from .models import ChannelConfig, DeadLetterAction, NotificationEntity
+from .triage import TriageResult, discard, requeue
+
+__all__ = [
+    "CANCELLED",
+    "QueueStats",
+    "TriageResult",
+    "cancel_notification",
+    "create_notification",
+    "discard_dead_letters",
+    "notification_created",
+    "queue_stats",
+    "requeue_dead_letters",
+    "schedule_notification",
+]
+
+#: ``error_kind`` of a notification cancelled through :func:`cancel_notification`.
+CANCELLED = "cancelled"
+
+#: Sent on commit of :func:`create_notification` for a fresh (unscheduled) notification, so the
+#: monolith's dispatcher never picks up a row that was rolled back. Keyword argument: ``notification``.
+notification_created = Signal()
+
+NotificationRef = NotificationEntity | uuid.UUID | str
+
+
+def _channel(channel: ChannelConfig | str) -> ChannelConfig:
+    if isinstance(channel, ChannelConfig):
+        return channel
+    try:
+        return ChannelConfig.objects.get(key=channel)
+    except ChannelConfig.DoesNotExist:
+        raise ChannelConfig.DoesNotExist(f"no channel with key {channel!r}") from None
+
+
+def create_notification(
+    *,
+    channel: ChannelConfig | str,
+    recipient: str,
+    payload: Mapping[str, Any] | None = None,
+    tenant_id: uuid.UUID | None = None,
+    notification_type: str = "",
+    priority: int = NotificationEntity.Priority.NORMAL,
+    scheduled_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    correlation_id: str = "",
+    notification_id: uuid.UUID | None = None,
+    on_commit: Callable[[NotificationEntity], None] | None = None,
+) -> NotificationEntity:
+    """Store a Pending notification in the caller's transaction; fresh ones are announced on commit."""
+    if scheduled_at is not None and timezone.is_naive(scheduled_at):
+        raise ValueError("scheduled_at must be an aware datetime (USE_TZ): the worker compares it in UTC")
+    if expires_at is not None and timezone.is_naive(expires_at):
+        raise ValueError("expires_at must be an aware datetime (USE_TZ)")
+    with transaction.atomic():
+        notification = NotificationEntity.objects.create(
+            id=notification_id or uuid.uuid4(),
+            channel=_channel(channel),
+            recipient=recipient,
+            payload=dict(payload or {}),
+            tenant_id=tenant_id,
+            notification_type=notification_type,
+            priority=priority,
+            scheduled_at=scheduled_at,
+            expires_at=expires_at,
+            correlation_id=correlation_id,
+            status=NotificationEntity.Status.PENDING,
+        )
+    if scheduled_at is None:
+        # Fresh rows are the monolith dispatcher's: hand them over only once they are visible to it.
+        def announce() -> None:
+            notification_created.send(sender=NotificationEntity, notification=notification)
+            if on_commit is not None:
+                on_commit(notification)
+
+        transaction.on_commit(announce)
+    return notification
+
+
+def schedule_notification(
+    *, channel: ChannelConfig | str, recipient: str, send_at: datetime, **fields: Any
+) -> NotificationEntity:
+    """Store a Pending notification that the retry worker sends once ``send_at`` has come."""
+    return create_notification(channel=channel, recipient=recipient, scheduled_at=send_at, **fields)
+
+
+def cancel_notification(
+    notification: NotificationRef, *, actor: str, reason: str = "", now: datetime | None = None
+) -> NotificationEntity:
+    """Make a Pending notification terminal Failed (``error_kind="cancelled"``) with its Failed event."""
+    now = now or timezone.now()
+    pk = notification.pk if isinstance(notification, NotificationEntity) else notification
+    with transaction.atomic():
+        try:
+            row = NotificationEntity.objects.select_for_update().select_related("channel").get(pk=pk)
+        except NotificationEntity.DoesNotExist:
+            raise InvalidTransition(f"cannot cancel notification {pk}: no such notification") from None
+        if row.status != NotificationEntity.Status.PENDING:
+            raise InvalidTransition(f"cannot cancel notification {pk}: it is {row.status}, not pending")
+        if row.claim_token is not None and row.claim_expires_at is not None and row.claim_expires_at > now:
+            # The worker is calling the provider right now; cancelling would race the send.
+            raise InvalidTransition(f"cannot cancel notification {pk}: a worker is sending it now")
+        error = f"cancelled by {actor}" + (f": {reason}" if reason else "")
+        # Terminal means dead-lettered in this schema (the worker never takes it again); it is
+        # resolved at once so that it does not wait in the triage queue.
+        NotificationEntity.objects.filter(pk=row.pk).update(
+            status=NotificationEntity.Status.FAILED,
+            error_kind=CANCELLED,
+            last_error=error,
+            next_attempt_at=None,
+            claim_token=None,
+            claim_expires_at=None,
+            dead_lettered_at=now,
+            dead_letter_reason=f"{CANCELLED}: {error}",
+            resolution=NotificationEntity.Resolution.DISCARDED,
+            resolved_at=now,
+            updated_at=now,
+        )
+        DeadLetterAction.objects.create(
+            notification=row,
+            action=DeadLetterAction.Action.DISCARD,
+            actor=actor,
+            reason=error,
+            attempts_before=row.attempts,
+            created_at=now,
+        )
+        events.dispatched_event(
+            generation=row.requeue_count,
+            created_at=now,
+            notification_id=row.pk,
+            tenant_id=row.tenant_id,
+            channel=row.channel.key,
+            status=events.FAILED,
+            attempts=row.attempts,
+            provider_message_id=row.provider_message_id,
+            error=error,
+            error_kind=CANCELLED,
+        ).save(force_insert=True)
+        row.refresh_from_db()
+    return row
+
+
+def requeue_dead_letters(
+    ids: Iterable[uuid.UUID | str], *, actor: str, reason: str = "", now: datetime | None = None
+) -> TriageResult:
+    """Give dead letters a fresh attempt budget, due now; audited (the admin's "retry now")."""
+    return requeue(ids, actor=actor, reason=reason, now=now)
+
+
+def discard_dead_letters(
+    ids: Iterable[uuid.UUID | str], *, actor: str, reason: str = "", now: datetime | None = None
+) -> TriageResult:
+    """Resolve dead letters without sending them; audited."""
+    return discard(ids, actor=actor, reason=reason, now=now)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStats:
+    """The backlog the worker faces and the counts and oldest age by status and channel."""
+
+    backlog: Backlog
+    by_status: list[StatusRow]
+
+    def count(self, status: str, channel: str | None = None) -> int:
+        """Rows in ``status`` (on ``channel`` when given)."""
+        return sum(r.count for r in self.by_status if r.status == status and channel in (None, r.channel))
+
+
+def queue_stats(now: datetime | None = None) -> QueueStats:
+    """Queue health now: due rows, retry backlog, dead letters, counts and max age by status."""
+    now = now or timezone.now()
+    return QueueStats(backlog=backlog(now), by_status=status_breakdown(now))
