@@ -1,0 +1,132 @@
+"""Settings of the example project: a small monolith with notifications_retry installed.
+
+The database is ``DATABASE_URL`` when set; otherwise an embedded PostgreSQL (the ``pgserver``
+package) is started in ``./.pgdata`` so a newcomer needs no server to try the app.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",")
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+
+def _database() -> dict[str, Any]:
+    import dj_database_url
+
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
+    # Imported here so that a deployment with DATABASE_URL never needs pgserver installed.
+    with warnings.catch_warnings():
+        # platformdirs complains about XDG_RUNTIME_DIR in containers; pgserver does not need it.
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    data_dir = Path(os.environ.get("PGSERVER_DATA_DIR", BASE_DIR / ".pgdata"))
+    # cleanup_mode=None: the server outlives this process and the next command reuses it.
+    server = pgserver.get_server(data_dir, cleanup_mode=None)
+    return dict(dj_database_url.parse(server.get_uri()))
+
+
+DATABASES = {"default": _database()}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "pgtrigger",
+    "notifications_retry",
+    "example_project.demo",
+]
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# The app's settings: every key and its default is in docs/settings.md.
+NOTIFICATIONS_RETRY: dict[str, Any] = {
+    "BATCH_SIZE": int(os.environ.get("NR_BATCH_SIZE", "200")),
+    "ATTEMPTS_BY_TYPE": {"transactional": 8, "marketing": 3},
+}
+
+# Logging: the library only emits events; the project decides how they look. JSON lines in
+# production (for the log pipeline), coloured key=value lines in development.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "console" if DEBUG else "json")
+_shared_processors: list[Any] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.add_logger_name,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+structlog.configure(
+    processors=[
+        *_shared_processors,
+        structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+    ],
+    logger_factory=structlog.stdlib.LoggerFactory(),
+    wrapper_class=structlog.stdlib.BoundLogger,
+    cache_logger_on_first_use=True,
+)
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "structured": {
+            "()": structlog.stdlib.ProcessorFormatter,
+            "processors": [
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer()
+                if LOG_FORMAT == "json"
+                else structlog.dev.ConsoleRenderer(colors=False),
+            ],
+            "foreign_pre_chain": _shared_processors,
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
+    "loggers": {
+        "notifications_retry": {"level": os.environ.get("NR_LOG_LEVEL", "INFO"), "propagate": True},
+    },
+}
