@@ -1,0 +1,320 @@
+"""Claim and finalize: the only code that changes a record's delivery state.
+
+Claim is one short transaction: due rows are locked with ``FOR UPDATE SKIP LOCKED``, the attempt is
+counted and a lease (token + expiry) recorded, the status left as it is. The provider is called with
+no transaction open. Finalize is another short transaction that applies outcomes only where the
+claim token still matches, and writes each final outcome's outbox event with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+
+from . import events
+from .models import CONTRACT_VERSION, DISPATCHED_TOPIC, ChannelConfig, NotificationEntity, Outbox
+
+logger = logging.getLogger(__name__)
+
+SENT = "sent"
+RETRY = "retry"
+TERMINAL = "terminal"
+
+#: Error kinds the worker assigns itself (providers add their own).
+EXHAUSTED = "attempts_exhausted"
+EXPIRED = "expired"
+
+MAX_ERROR_CHARS = 2000
+
+_TABLE = NotificationEntity._meta.db_table
+_OUTBOX = Outbox._meta.db_table
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelClaim:
+    """How many rows of one channel to claim now, and for how long."""
+
+    channel_id: int
+    limit: int
+    lease_seconds: float
+
+
+@dataclasses.dataclass
+class ClaimedRecord:
+    """A leased record, detached from the ORM; ``attempts`` already counts this attempt."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID | None
+    channel_id: int
+    recipient: Any
+    payload: Any
+    notification_type: str
+    priority: int
+    status: str
+    attempts: int
+    expires_at: datetime | None
+    correlation_id: str
+    requeue_count: int
+    claim_token: uuid.UUID | None
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What happened to one claimed record, ready to be applied."""
+
+    record: ClaimedRecord
+    result: str
+    provider_message_id: str | None = None
+    error_kind: str = ""
+    error: str = ""
+    next_attempt_at: datetime | None = None
+    duration_ms: float = 0.0
+    #: Seconds the provider asked to wait (Retry-After), and whether the failure was temporary.
+    retry_after: float | None = None
+    retriable: bool = False
+
+    @property
+    def emits_event(self) -> bool:
+        return self.result in (SENT, TERMINAL)
+
+
+@dataclasses.dataclass
+class ClaimBatch:
+    """Rows leased for sending, and rows settled inside the claim (exhausted, expired)."""
+
+    records: list[ClaimedRecord]
+    settled: list[Outcome]
+
+
+@dataclasses.dataclass
+class FinalizeReport:
+    """Which outcomes were applied, which were stale (lease lost), which failed to commit."""
+
+    applied: list[Outcome] = dataclasses.field(default_factory=list)
+    stale: list[Outcome] = dataclasses.field(default_factory=list)
+    failed: list[Outcome] = dataclasses.field(default_factory=list)
+
+
+def attempt_budget(channel_max: int, channel_key: str, notification_type: str,
+                   by_type: Mapping[str, int]) -> int:
+    """Attempts allowed: ``ATTEMPTS_BY_TYPE["channel:type"]``, else ``["type"]``, else the channel's."""
+    if notification_type:
+        for key in (f"{channel_key}:{notification_type}", notification_type):
+            if key in by_type:
+                return int(by_type[key])
+    return channel_max
+
+
+_CLAIM_SELECT = f"""
+SELECT n.id, n.tenant_id, n.channel_id, n.recipient, n.payload, n.notification_type, n.priority,
+       n.status, n.attempts, n.expires_at, n.correlation_id, n.requeue_count, c.lease
+FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[]) AS c(channel_id, lim, lease)
+CROSS JOIN LATERAL (
+    SELECT t.* FROM {_TABLE} t
+    WHERE t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND t.due_at <= %(now)s {{priority_filter}}
+    ORDER BY t.due_at, t.priority
+    LIMIT c.lim
+    FOR UPDATE OF t SKIP LOCKED
+) n
+ORDER BY n.due_at, n.priority
+LIMIT %(total)s
+"""
+
+_CLAIM_UPDATE = f"""
+UPDATE {_TABLE} t
+SET attempts = t.attempts + 1, claim_token = %(token)s, claim_expires_at = v.expires, updated_at = %(now)s
+FROM unnest(%(ids)s::uuid[], %(expires)s::timestamptz[]) AS v(id, expires)
+WHERE t.id = v.id
+"""
+
+
+def claim_due(
+    now: datetime,
+    plan: Sequence[ChannelClaim],
+    *,
+    total: int,
+    budgets: Mapping[int, tuple[int, str]],
+    attempts_by_type: Mapping[str, int] | None = None,
+    priorities: Sequence[int] | None = None,
+) -> ClaimBatch:
+    """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
+
+    ``budgets`` maps channel id to (max_attempts, key). Rows whose budget is already spent (the
+    worker died during their last attempt) or whose deadline passed are settled as terminal in
+    the same transaction, without a provider call.
+    """
+    plan = [p for p in plan if p.limit > 0]
+    if not plan or total <= 0:
+        return ClaimBatch([], [])
+    by_type = attempts_by_type or {}
+    token = uuid.uuid4()
+    priority_filter = "AND t.priority = ANY(%(priorities)s)" if priorities else ""
+    params: dict[str, Any] = {
+        "channels": [p.channel_id for p in plan],
+        "limits": [p.limit for p in plan],
+        "leases": [float(p.lease_seconds) for p in plan],
+        "now": now,
+        "total": total,
+        "priorities": list(priorities or []),
+    }
+    records: list[ClaimedRecord] = []
+    settled: list[Outcome] = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_CLAIM_SELECT.format(priority_filter=priority_filter), params)
+            rows = cursor.fetchall()
+            ids: list[uuid.UUID] = []
+            expires: list[datetime] = []
+            for row in rows:
+                (nid, tenant, channel_id, recipient, payload, ntype, priority, status, attempts, expires_at,
+                 correlation_id, requeue_count, lease) = row
+                record = ClaimedRecord(
+                    id=nid, tenant_id=tenant, channel_id=channel_id, recipient=recipient,
+                    payload=_json(payload), notification_type=ntype, priority=priority, status=status,
+                    attempts=attempts, expires_at=expires_at, correlation_id=correlation_id,
+                    requeue_count=requeue_count, claim_token=None,
+                )
+                max_attempts, channel_key = budgets[channel_id]
+                budget = attempt_budget(max_attempts, channel_key, ntype, by_type)
+                if attempts >= budget:
+                    settled.append(Outcome(record, TERMINAL, error_kind=EXHAUSTED,
+                                           error=f"attempt budget of {budget} spent (the last attempt never "
+                                                 "finished: the worker stopped or crashed during it)"))
+                elif expires_at is not None and expires_at <= now:
+                    settled.append(Outcome(record, TERMINAL, error_kind=EXPIRED,
+                                           error=f"deadline {expires_at.isoformat()} passed before sending"))
+                else:
+                    record.attempts = attempts + 1
+                    record.claim_token = token
+                    ids.append(nid)
+                    expires.append(now + timedelta(seconds=float(lease)))
+                    records.append(record)
+            if ids:
+                cursor.execute(_CLAIM_UPDATE, {"token": token, "now": now, "ids": ids, "expires": expires})
+        if settled:
+            _apply(settled, now, guarded=False)
+    return ClaimBatch(records, settled)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+_FINALIZE = f"""
+UPDATE {_TABLE} t
+SET status = v.status,
+    next_attempt_at = v.next_attempt_at,
+    provider_message_id = COALESCE(v.provider_message_id, t.provider_message_id),
+    last_error = v.last_error,
+    error_kind = v.error_kind,
+    dead_lettered_at = v.dead_lettered_at,
+    dead_letter_reason = v.dead_letter_reason,
+    claim_token = NULL,
+    claim_expires_at = NULL,
+    updated_at = %(now)s,
+    attempt_log = t.attempt_log || jsonb_build_array(v.log_entry::jsonb)
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[], %(next)s::timestamptz[],
+            %(pmids)s::text[], %(errors)s::text[], %(kinds)s::text[], %(dead)s::timestamptz[],
+            %(reasons)s::text[], %(logs)s::text[])
+     AS v(id, token, status, next_attempt_at, provider_message_id, last_error, error_kind, dead_lettered_at,
+          dead_letter_reason, log_entry)
+WHERE t.id = v.id AND (NOT %(guarded)s OR t.claim_token = v.token)
+RETURNING t.id, t.tenant_id, t.attempts, t.requeue_count, t.channel_id
+"""
+
+_OUTBOX_INSERT = f"""
+INSERT INTO {_OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at, published_at)
+SELECT v.event_id, %(topic)s, v.key, %(version)s, v.generation, v.payload::jsonb, %(now)s, NULL
+FROM unnest(%(event_ids)s::uuid[], %(keys)s::text[], %(generations)s::int[], %(payloads)s::text[])
+     AS v(event_id, key, generation, payload)
+"""
+
+
+def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list[Outcome]:
+    """Write outcomes (and their events) in the caller's transaction; returns those applied."""
+    columns: dict[str, list[Any]] = {k: [] for k in (
+        "ids", "tokens", "statuses", "next", "pmids", "errors", "kinds", "dead", "reasons", "logs")}
+    for o in outcomes:
+        error = (o.error or "")[:MAX_ERROR_CHARS]
+        columns["ids"].append(o.record.id)
+        columns["tokens"].append(o.record.claim_token)
+        columns["statuses"].append(NotificationEntity.Status.SENT if o.result == SENT
+                                   else NotificationEntity.Status.FAILED)
+        columns["next"].append(o.next_attempt_at if o.result == RETRY else None)
+        columns["pmids"].append(o.provider_message_id)
+        columns["errors"].append(error)
+        columns["kinds"].append(o.error_kind if o.result != SENT else "")
+        columns["dead"].append(now if o.result == TERMINAL else None)
+        columns["reasons"].append(f"{o.error_kind}: {error}" if o.result == TERMINAL else "")
+        columns["logs"].append(json.dumps({
+            "attempt": o.record.attempts, "at": now.isoformat(), "outcome": o.result,
+            "error_kind": o.error_kind or None, "error": error[:300] or None,
+            "duration_ms": round(o.duration_ms, 1),
+        }))
+    with connection.cursor() as cursor:
+        cursor.execute(_FINALIZE, {**columns, "now": now, "guarded": guarded})
+        applied_rows = {row[0]: row for row in cursor.fetchall()}
+        applied = [o for o in outcomes if o.record.id in applied_rows]
+        with_events = [o for o in applied if o.emits_event]
+        if with_events:
+            channel_keys = dict(ChannelConfig.objects.filter(
+                pk__in={o.record.channel_id for o in with_events}).values_list("pk", "key"))
+            payloads, generations = [], []
+            for o in with_events:
+                _, tenant, attempts, requeue_count, channel_id = applied_rows[o.record.id]
+                payloads.append(json.dumps(events.dispatched_payload(
+                    notification_id=o.record.id, tenant_id=tenant, channel=channel_keys[channel_id],
+                    status=events.SENT if o.result == SENT else events.FAILED, attempts=attempts,
+                    provider_message_id=o.provider_message_id, error=(o.error or None) if o.result != SENT else None,
+                    error_kind=o.error_kind if o.result != SENT else None, occurred_at=now,
+                )))
+                generations.append(requeue_count)
+            cursor.execute(_OUTBOX_INSERT, {
+                "topic": DISPATCHED_TOPIC,
+                "version": CONTRACT_VERSION,
+                "now": now, "event_ids": [uuid.uuid4() for _ in with_events],
+                "keys": [str(o.record.id) for o in with_events], "generations": generations,
+                "payloads": payloads,
+            })
+    return applied
+
+
+def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
+    """Apply outcomes under their claim tokens, in bulk; one bad record never fails the others."""
+    outcomes = list(outcomes)
+    report = FinalizeReport()
+    if not outcomes:
+        return report
+    try:
+        with transaction.atomic():
+            applied = _apply(outcomes, now, guarded=True)
+        _sort(report, outcomes, applied)
+        return report
+    except DatabaseError:
+        logger.warning("bulk finalize of %d outcomes failed; finalizing one by one", len(outcomes),
+                       exc_info=True)
+    for outcome in outcomes:
+        try:
+            with transaction.atomic():
+                applied = _apply([outcome], now, guarded=True)
+            _sort(report, [outcome], applied)
+        except DatabaseError:
+            logger.exception("finalize of notification %s failed; its lease will expire and it will be "
+                             "retried", outcome.record.id)
+            report.failed.append(outcome)
+            if connection.connection is not None and connection.is_usable() is False:
+                connection.close()
+    return report
+
+
+def _sort(report: FinalizeReport, outcomes: Sequence[Outcome], applied: Sequence[Outcome]) -> None:
+    applied_ids = {o.record.id for o in applied}
+    for o in outcomes:
+        (report.applied if o.record.id in applied_ids else report.stale).append(o)

@@ -1,0 +1,112 @@
+"""The cycle's single-owner lock: a PostgreSQL session advisory lock on a dedicated connection.
+
+A session lock dies with its connection, so a killed owner frees it at once; the connection's
+``idle_session_timeout`` and TCP keepalives bound how long a hung owner can keep it. Session
+locks do not survive PgBouncer transaction pooling: point ``LOCK_DATABASE_ALIAS`` past the pooler.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+logger = logging.getLogger(__name__)
+
+
+class AdvisoryLock:
+    """``pg_try_advisory_lock(hashtextextended(name, 0))`` held on a connection of its own."""
+
+    def __init__(self, name: str, *, using: str = "default", idle_session_timeout: int = 90) -> None:
+        self.name = name
+        self.using = using
+        self.idle_session_timeout = idle_session_timeout
+        self._conn: psycopg.Connection[Any] | None = None
+        self._key: int | None = None
+        self.held = False
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        # A fresh wrapper gives Django's connection parameters without sharing Django's connection.
+        wrapper = connections.create_connection(self.using)
+        params = wrapper.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.update(
+            autocommit=True,
+            application_name="notifications_retry lock",
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+        )
+        conn = psycopg.connect(**params)
+        conn.execute(f"SET idle_session_timeout = '{int(self.idle_session_timeout)}s'")
+        row = conn.execute("SELECT hashtextextended(%s, 0)", (self.name,)).fetchone()
+        assert row is not None
+        self._key = int(row[0])
+        self._conn = conn
+        return conn
+
+    @property
+    def key(self) -> int:
+        """The bigint advisory-lock key of ``name`` (computed by PostgreSQL)."""
+        self._connect()
+        assert self._key is not None
+        return self._key
+
+    def acquire(self) -> bool:
+        """Try to take the lock without waiting; True when this process owns the cycle."""
+        try:
+            conn = self._connect()
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
+        except psycopg.Error:
+            logger.warning("advisory lock connection failed; skipping this tick", exc_info=True)
+            self._discard()
+            return False
+        self.held = bool(row and row[0])
+        return self.held
+
+    def still_held(self) -> bool:
+        """Whether the lock is still ours: the connection is alive and PostgreSQL lists the lock."""
+        if not self.held or self._conn is None or self._conn.closed:
+            return False
+        try:
+            row = self._conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+                "AND granted AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = %s",
+                (self._key,),
+            ).fetchone()
+        except psycopg.Error:
+            self._discard()
+            return False
+        self.held = bool(row and row[0])
+        return self.held
+
+    def release(self) -> None:
+        """Release the lock; a dead connection has released it already."""
+        if not self.held:
+            return
+        self.held = False
+        try:
+            if self._conn is not None and not self._conn.closed:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+        except psycopg.Error:
+            self._discard()
+
+    def close(self) -> None:
+        """Release and close the dedicated connection."""
+        self.release()
+        self._discard()
+
+    def _discard(self) -> None:
+        self.held = False
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+        self._conn = None

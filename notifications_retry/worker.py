@@ -1,0 +1,582 @@
+"""The retry worker: one tick claims due records, sends them, finalizes them.
+
+Plain Python: the management command only parses options. Tests call :class:`Worker` directly
+with an injected clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+import structlog
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+from . import metrics, tracing
+from .clock import Clock, default_clock
+from .conf import RetrySettings, get_settings
+from .delivery import (
+    RETRY,
+    SENT,
+    TERMINAL,
+    ChannelClaim,
+    ClaimedRecord,
+    Outcome,
+    attempt_budget,
+    claim_due,
+    finalize,
+)
+from .exceptions import ProviderError
+from .flow_control import CircuitBreaker, RateLimiter
+from .locks import AdvisoryLock
+from .models import ChannelConfig, NotificationEntity, WorkerHeartbeat
+from .providers import OutgoingMessage, Provider, get_provider_class
+from .retry import BackoffPolicy, next_attempt_at
+from .signals import terminal_failure
+
+log = structlog.get_logger("notifications_retry.worker")
+
+#: How far ahead a rate-limited channel may claim: records it can start within this many seconds.
+RATE_HORIZON_SECONDS = 0.25
+#: A provider call that outlives its channel timeout by this much is abandoned as a timeout.
+ABANDON_GRACE_SECONDS = 1.0
+DEFAULT_LANE = "default"
+
+
+@dataclasses.dataclass
+class TickStats:
+    """What one tick did."""
+
+    run_id: str
+    lane: str = DEFAULT_LANE
+    skipped: bool = False
+    processed: int = 0
+    sent: int = 0
+    retried: int = 0
+    terminal: int = 0
+    stale: int = 0
+    finalize_failed: int = 0
+    channel_disabled: int = 0
+    claims: int = 0
+    lock_lost: bool = False
+    stopped: bool = False
+    deadline_reached: bool = False
+    duration_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ChannelRuntime:
+    """A channel's provider and flow-control state, kept across ticks while its config is unchanged."""
+
+    def __init__(self, config: ChannelConfig, provider: Provider, conf: RetrySettings) -> None:
+        self.config = config
+        self.provider = provider
+        self.limiter = RateLimiter(config.rate_limit_per_second)
+        self.breaker = CircuitBreaker(conf.CIRCUIT_FAILURE_THRESHOLD, conf.CIRCUIT_COOLDOWN_SECONDS)
+        self.paused_until = 0.0
+        self.inflight = 0
+        self.queue: deque[ClaimedRecord] = deque()
+        self.exhausted = False
+        self.policy = BackoffPolicy(
+            kind=config.retry_backoff,
+            base_seconds=float(config.backoff_base_seconds),
+            cap_seconds=float(config.backoff_cap_seconds),
+            jitter_ratio=conf.JITTER_RATIO,
+        )
+
+    @property
+    def inline(self) -> bool:
+        return bool(self.provider.inline)
+
+    def lease_seconds(self, conf: RetrySettings) -> float:
+        """Long enough for the queue ahead of a record and its own call, plus a grace period."""
+        timeout = float(self.config.timeout_seconds)
+        return 2 * timeout + RATE_HORIZON_SECONDS + conf.LEASE_GRACE_SECONDS
+
+    def capacity(self, now_mono: float, conf: RetrySettings) -> int:
+        """How many more records to claim for this channel now (0: none)."""
+        if self.exhausted or now_mono < self.paused_until:
+            return 0
+        if self.inline:
+            wanted = conf.CLAIM_CHUNK_SIZE - len(self.queue)
+        else:
+            # Keep one round queued behind the calls in flight, so slots never wait for a claim.
+            wanted = 2 * self.config.max_concurrency - self.inflight - len(self.queue)
+        wanted = self.breaker.capacity(now_mono, wanted)
+        if self.limiter.limited:
+            wanted = min(wanted, self.limiter.available_within(now_mono, RATE_HORIZON_SECONDS) - len(self.queue))
+        return max(0, wanted)
+
+    def can_start(self, now_mono: float) -> bool:
+        if now_mono < self.paused_until or not self.limiter.ready(now_mono):
+            return False
+        return self.inline or self.inflight < self.config.max_concurrency
+
+
+
+def channel_fingerprint(c: ChannelConfig) -> tuple[Any, ...]:
+    """What, when changed, makes the worker rebuild a channel's provider and flow control."""
+    return (c.provider_key, c.timeout_seconds, c.max_concurrency, c.rate_limit_per_second, repr(c.options),
+                c.retry_backoff, c.backoff_base_seconds, c.backoff_cap_seconds, c.max_attempts)
+
+
+class Worker:
+    """Runs ticks: single owner by advisory lock, claim → call → finalize, graceful stop."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int | None = None,
+        max_duration: float | None = None,
+        interval: float | None = None,
+        lane: str | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self.conf = get_settings()
+        self.batch_size = batch_size if batch_size is not None else self.conf.BATCH_SIZE
+        self.max_duration = max_duration if max_duration is not None else self.conf.MAX_DURATION_SECONDS
+        self.interval = interval if interval is not None else self.conf.INTERVAL_SECONDS
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.max_duration <= 0:
+            raise ValueError(f"max duration must be > 0, got {self.max_duration}")
+        if self.interval < 0:
+            raise ValueError(f"interval must be >= 0, got {self.interval}")
+        self.lane = lane or DEFAULT_LANE
+        lane_conf: Mapping[str, Any] = {}
+        if lane and lane != DEFAULT_LANE:
+            if lane not in self.conf.LANES:
+                raise ValueError(f"unknown lane {lane!r}; configured lanes: {sorted(self.conf.LANES) or 'none'}")
+            lane_conf = self.conf.LANES[lane]
+        self.lane_priorities: list[int] | None = list(lane_conf.get("priorities") or []) or None
+        self.lane_channels: set[str] | None = set(lane_conf.get("channels") or []) or None
+        self.clock = clock or default_clock(self.conf.CLOCK)
+        self.rng = rng or random.Random()
+        self._sleep = sleep
+        lock_name = self.conf.LOCK_KEY if self.lane == DEFAULT_LANE else f"{self.conf.LOCK_KEY}:{self.lane}"
+        self.lock = AdvisoryLock(lock_name, using=self.conf.LOCK_DATABASE_ALIAS,
+                                 idle_session_timeout=self.conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS)
+        self._stop = threading.Event()
+        self._runtimes: dict[int, ChannelRuntime] = {}
+        self._fingerprints: dict[int, tuple[Any, ...]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def stop(self, *_: Any) -> None:
+        """Ask for a graceful stop: no new claims; records in hand are finished and finalized."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the worker at the next record boundary."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            log.info("stop-requested", signal=signal.Signals(signum).name, lane=self.lane)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self, once: bool = False) -> list[TickStats]:
+        """Tick once, or every ``interval`` seconds until stopped; returns the ticks' stats."""
+        ticks: list[TickStats] = []
+        try:
+            while True:
+                started = time.monotonic()
+                ticks.append(self.tick())
+                if once or self.stopping:
+                    break
+                # A tick never overlaps the next: wait the rest of the interval, waking on stop.
+                remaining = self.interval - (time.monotonic() - started)
+                if remaining > 0:
+                    if self._sleep is not None:
+                        self._sleep(remaining)
+                    elif self._stop.wait(remaining):
+                        break
+                if len(ticks) > 1000:
+                    ticks = ticks[-1000:]
+        finally:
+            self.close()
+        return ticks
+
+    def close(self) -> None:
+        """Release the lock, the providers' connections and the thread pool."""
+        self.lock.close()
+        for runtime in self._runtimes.values():
+            runtime.provider.close()
+        self._runtimes.clear()
+        self._fingerprints.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def tick(self) -> TickStats:
+        """One cycle: take the lock or skip; claim, send and finalize until done, the batch is full,
+        the max duration has passed, or a stop was asked for."""
+        stats = TickStats(run_id=uuid.uuid4().hex, lane=self.lane)
+        started = time.monotonic()
+        bound = log.bind(job_run_id=stats.run_id, lane=self.lane)
+        try:
+            _drop_broken_connection()
+            if not self.lock.acquire():
+                stats.skipped = True
+                bound.info("retry-cycle-skipped", reason="lock held by another instance")
+                return stats
+            metrics.LOCK_HELD.labels(self.lane).set(1)
+            try:
+                self.clock.sync()
+                bound.info("retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration)
+                self._heartbeat(started_at=self.clock.now())
+                with tracing.span("notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane):
+                    self._cycle(stats, started, bound)
+            finally:
+                self.lock.release()
+                metrics.LOCK_HELD.labels(self.lane).set(0)
+        except (OperationalError, InterfaceError) as exc:
+            # The database went away: log, drop the connection, let the next tick reconnect.
+            bound.error("retry-cycle-database-error", error=repr(exc))
+            connection.close()
+            self.lock.close()
+            return stats
+        stats.duration_ms = (time.monotonic() - started) * 1000
+        metrics.CYCLE_DURATION.observe(stats.duration_ms)
+        self._after_tick(stats, bound)
+        return stats
+
+    def _cycle(self, stats: TickStats, started: float, bound: Any) -> None:
+        runtimes = self._load_channels(stats, bound)
+        deadline = started + self.max_duration
+        remaining = self.batch_size
+        inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]] = {}
+        results: list[Outcome] = []
+        claiming = True
+        flush_at = max(1, min(self.conf.CLAIM_CHUNK_SIZE, self.batch_size))
+
+        while True:
+            now_mono = time.monotonic()
+            if claiming and (self.stopping or now_mono >= deadline or remaining <= 0):
+                claiming = False
+                stats.stopped = self.stopping
+                stats.deadline_reached = now_mono >= deadline
+            if claiming:
+                plan = [
+                    ChannelClaim(cid, rt.capacity(now_mono, self.conf), rt.lease_seconds(self.conf))
+                    for cid, rt in runtimes.items()
+                ]
+                plan = [p for p in plan if p.limit > 0]
+                if plan:
+                    if not self.lock.still_held():
+                        stats.lock_lost = True
+                        bound.error("retry-cycle-lock-lost")
+                        claiming = False
+                    else:
+                        self._claim(plan, remaining, runtimes, stats, results, bound)
+                        remaining = self.batch_size - stats.claims
+            # Start what may start now; inline providers run right here.
+            for rt in runtimes.values():
+                while rt.queue and rt.can_start(time.monotonic()):
+                    record = rt.queue.popleft()
+                    now_mono = time.monotonic()
+                    rt.limiter.take(now_mono)
+                    rt.breaker.started()
+                    if rt.inline:
+                        results.append(self._send(rt, record))
+                        self._account(rt, results[-1], bound)
+                    else:
+                        rt.inflight += 1
+                        future = self._executor().submit(self._send, rt, record)
+                        inflight[future] = (record, rt, now_mono)
+            # Collect finished calls; abandon any that outlived their timeout.
+            if inflight:
+                done, _ = wait(list(inflight), timeout=self._wait_time(runtimes), return_when=FIRST_COMPLETED)
+                for future in done:
+                    record, rt, _ = inflight.pop(future)
+                    rt.inflight -= 1
+                    results.append(future.result())
+                    self._account(rt, results[-1], bound)
+                self._abandon_hung(inflight, results, bound)
+            queued = any(rt.queue for rt in runtimes.values())
+            idle = not inflight and not queued
+            if results and (len(results) >= flush_at or idle or not claiming):
+                self._finalize(results, stats, bound)
+                results = []
+            if idle:
+                if not claiming:
+                    break
+                if not any(rt.capacity(time.monotonic(), self.conf) for rt in runtimes.values()):
+                    break  # every channel is exhausted, paused or open-circuited for now
+            elif not inflight and queued:
+                time.sleep(min(0.05, self._wait_time(runtimes)))
+
+    def _claim(self, plan: list[ChannelClaim], remaining: int, runtimes: dict[int, ChannelRuntime],
+               stats: TickStats, results: list[Outcome], bound: Any) -> None:
+        budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
+        batch = claim_due(self.clock.now(), plan, total=remaining, budgets=budgets,
+                          attempts_by_type=self.conf.ATTEMPTS_BY_TYPE, priorities=self.lane_priorities)
+        got: dict[int, int] = {}
+        for record in batch.records:
+            runtimes[record.channel_id].queue.append(record)
+            got[record.channel_id] = got.get(record.channel_id, 0) + 1
+        stats.claims += len(batch.records) + len(batch.settled)
+        # Settled-in-claim rows were committed with the claim: account for them now.
+        for outcome in batch.settled:
+            rt = runtimes[outcome.record.channel_id]
+            self._record_final(outcome, rt, stats, bound)
+        if len(batch.records) + len(batch.settled) < remaining:
+            for p in plan:
+                if got.get(p.channel_id, 0) < p.limit:
+                    runtimes[p.channel_id].exhausted = True
+
+    def _send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        """Call the provider (no transaction open) and classify what happened."""
+        started = time.monotonic()
+        message = OutgoingMessage(
+            notification_id=record.id, tenant_id=record.tenant_id, channel=rt.config.key,
+            recipient=record.recipient, payload=record.payload, attempt=record.attempts,
+            priority=record.priority, notification_type=record.notification_type,
+        )
+        try:
+            with tracing.span("notifications_retry.provider.send", **{
+                "notification.id": str(record.id), "notification.channel": rt.config.key,
+                "notification.attempt": record.attempts, "correlation_id": record.correlation_id or None,
+                "provider.key": rt.config.provider_key,
+            }):
+                result = rt.provider.send(message)
+            return Outcome(record, SENT, provider_message_id=result.provider_message_id,
+                           duration_ms=(time.monotonic() - started) * 1000)
+        except ProviderError as exc:
+            return self._failure(rt, record, exc.retriable, exc.kind, str(exc), exc.retry_after, started)
+        except Exception as exc:  # noqa: BLE001 — a provider bug is a retriable failure of this record only
+            return self._failure(rt, record, True, "provider_crash", f"{type(exc).__name__}: {exc}", None, started)
+
+    def _failure(self, rt: ChannelRuntime, record: ClaimedRecord, retriable: bool, kind: str, error: str,
+                 retry_after: float | None, started: float) -> Outcome:
+        duration = (time.monotonic() - started) * 1000
+        budget = attempt_budget(rt.config.max_attempts, rt.config.key, record.notification_type,
+                                self.conf.ATTEMPTS_BY_TYPE)
+        if not retriable or record.attempts >= budget:
+            return Outcome(record, TERMINAL, error_kind=kind, error=error, duration_ms=duration,
+                           retry_after=retry_after, retriable=retriable)
+        when = next_attempt_at(record.attempts, self.clock.now(), self.rng, rt.policy, retry_after)
+        return Outcome(record, RETRY, error_kind=kind, error=error, next_attempt_at=when, duration_ms=duration,
+                       retry_after=retry_after, retriable=True)
+
+    def _account(self, rt: ChannelRuntime, outcome: Outcome, bound: Any) -> None:
+        """Feed the outcome to the channel's flow control (throttling pauses, circuit breaker)."""
+        now_mono = time.monotonic()
+        if outcome.result == SENT:
+            changed = rt.breaker.success()
+        elif outcome.error_kind == "throttled" or (outcome.retriable and outcome.retry_after):
+            pause = outcome.retry_after or self.conf.THROTTLE_DEFAULT_SECONDS
+            rt.paused_until = max(rt.paused_until, now_mono + pause)
+            changed = None
+            rt.breaker.neutral()
+            bound.warning("channel-throttled", channel=rt.config.key, pause_s=round(pause, 3))
+        elif outcome.retriable:
+            changed = rt.breaker.failure(now_mono)
+        else:
+            rt.breaker.neutral()
+            changed = None
+        if changed:
+            metrics.CIRCUIT_STATE.labels(rt.config.key).set(metrics.CIRCUIT_STATE_VALUES[changed])
+            bound.warning("circuit-" + changed.replace("_", "-"), channel=rt.config.key,
+                          consecutive_failures=rt.breaker.failures)
+
+    def _abandon_hung(self, inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]],
+                      results: list[Outcome], bound: Any) -> None:
+        now_mono = time.monotonic()
+        for future, (record, rt, started) in list(inflight.items()):
+            if now_mono - started > rt.config.timeout_seconds + ABANDON_GRACE_SECONDS:
+                del inflight[future]
+                rt.inflight -= 1
+                outcome = self._failure(rt, record, True, "timeout",
+                                        f"provider did not return within {rt.config.timeout_seconds:g}s",
+                                        None, started)
+                results.append(outcome)
+                self._account(rt, outcome, bound)
+
+    def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
+        now_mono = time.monotonic()
+        waits = [rt.limiter.wait_time(now_mono) for rt in runtimes.values() if rt.queue]
+        return max(0.001, min([0.05, *[w for w in waits if w > 0]]))
+
+    def _finalize(self, results: list[Outcome], stats: TickStats, bound: Any) -> None:
+        report = finalize(results, self.clock.now())
+        stats.stale += len(report.stale)
+        stats.finalize_failed += len(report.failed)
+        for outcome in report.applied:
+            rt = self._runtimes[outcome.record.channel_id]
+            self._record_final(outcome, rt, stats, bound)
+        for outcome in report.stale:
+            bound.warning("item-stale", notification_id=str(outcome.record.id),
+                          reason="claim expired or taken over; outcome discarded")
+
+    def _record_final(self, outcome: Outcome, rt: ChannelRuntime, stats: TickStats, bound: Any) -> None:
+        """Count, log and alert one committed outcome."""
+        channel = rt.config.key
+        record = outcome.record
+        stats.processed += 1
+        context = dict(notification_id=str(record.id), channel=channel,
+                       tenant_id=str(record.tenant_id) if record.tenant_id else None,
+                       attempt=record.attempts, duration_ms=round(outcome.duration_ms, 1),
+                       correlation_id=record.correlation_id or None)
+        metrics.PROCESSED.labels(channel, outcome.result).inc()
+        if outcome.result == SENT:
+            stats.sent += 1
+            metrics.SENT.labels(channel).inc()
+            bound.info("item-sent", outcome="sent", **context)
+        elif outcome.result == RETRY:
+            stats.retried += 1
+            metrics.RETRIED.labels(channel, outcome.error_kind).inc()
+            bound.info("item-retried", outcome="retry", error_kind=outcome.error_kind,
+                       next_attempt_at=outcome.next_attempt_at.isoformat() if outcome.next_attempt_at else None,
+                       **context)
+        else:
+            stats.terminal += 1
+            metrics.TERMINAL_FAILED.labels(channel, outcome.error_kind).inc()
+            bound.error("item-failed-terminal", outcome="terminal", error_kind=outcome.error_kind,
+                        error=outcome.error[:300], **context)
+            terminal_failure.send(sender=Worker, notification_id=record.id, channel=channel,
+                                  error_kind=outcome.error_kind, error=outcome.error, attempts=record.attempts)
+
+    # -- channels ------------------------------------------------------------------------------
+
+    def _load_channels(self, stats: TickStats, bound: Any) -> dict[int, ChannelRuntime]:
+        """Usable channels of this lane; report disabled or broken channels that have due rows."""
+        configs = list(ChannelConfig.objects.all())
+        if self.lane_channels is not None:
+            configs = [c for c in configs if c.key in self.lane_channels]
+        usable: dict[int, ChannelRuntime] = {}
+        unusable: dict[int, tuple[ChannelConfig, str]] = {}
+        for config in configs:
+            if not config.is_enabled:
+                unusable[config.pk] = (config, "disabled")
+                continue
+            problems = config.configuration_problems()
+            if problems:
+                unusable[config.pk] = (config, "misconfigured: " + "; ".join(problems))
+                continue
+            usable[config.pk] = self._runtime(config)
+        for pk in set(self._runtimes) - set(usable):
+            self._runtimes.pop(pk).provider.close()
+            self._fingerprints.pop(pk, None)
+        if unusable:
+            self._report_unusable(unusable, stats, bound)
+        return usable
+
+    def _runtime(self, config: ChannelConfig) -> ChannelRuntime:
+        fingerprint = channel_fingerprint(config)
+        runtime = self._runtimes.get(config.pk)
+        if runtime is None or self._fingerprints.get(config.pk) != fingerprint:
+            if runtime is not None:
+                runtime.provider.close()
+            provider = get_provider_class(config.provider_key)(config.settings())
+            runtime = ChannelRuntime(config, provider, self.conf)
+            self._runtimes[config.pk] = runtime
+            self._fingerprints[config.pk] = fingerprint
+        runtime.config = config
+        runtime.exhausted = False
+        runtime.queue.clear()
+        runtime.inflight = 0
+        return runtime
+
+    def _report_unusable(self, unusable: dict[int, tuple[ChannelConfig, str]], stats: TickStats,
+                         bound: Any) -> None:
+        now = self.clock.now()
+        rows = (NotificationEntity.objects.due(now).filter(channel_id__in=list(unusable))
+                .values_list("channel_id").order_by())
+        counts: dict[int, int] = {}
+        for (cid,) in rows.iterator():
+            counts[cid] = counts.get(cid, 0) + 1
+        for cid, count in counts.items():
+            config, reason = unusable[cid]
+            stats.channel_disabled += count
+            metrics.CHANNEL_DISABLED.labels(config.key).inc(count)
+            bound.warning("channel-disabled", channel=config.key, due_waiting=count, reason=reason)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.conf.WORKER_THREADS,
+                                            thread_name_prefix="notifications-retry-send")
+        return self._pool
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _heartbeat(self, *, started_at: datetime | None = None, completed_at: datetime | None = None,
+                   tick_stats: dict[str, Any] | None = None) -> None:
+        values: dict[str, Any] = {"hostname": socket.gethostname()[:255], "pid": os.getpid()}
+        if started_at is not None:
+            values["last_tick_started_at"] = started_at
+        if completed_at is not None:
+            values["last_tick_completed_at"] = completed_at
+            values["last_tick_stats"] = tick_stats or {}
+        WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
+
+    def _after_tick(self, stats: TickStats, bound: Any) -> None:
+        from .health import backlog
+        from .models import BacklogSample
+
+        try:
+            now = self.clock.now()
+            current = backlog(now)
+            metrics.FAILED_BACKLOG.set(current.failed_backlog)
+            metrics.DUE_BACKLOG.set(current.due)
+            metrics.OLDEST_DUE_AGE.set(current.oldest_due_age_seconds)
+            metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())
+            BacklogSample.objects.create(
+                taken_at=now, due_backlog=current.due, failed_backlog=current.failed_backlog,
+                dead_letters_unresolved=current.dead_letters_unresolved,
+                oldest_due_age_seconds=current.oldest_due_age_seconds,
+            )
+            self._heartbeat(completed_at=now, tick_stats=stats.as_dict())
+        except DatabaseError as exc:
+            bound.warning("tick-bookkeeping-failed", error=repr(exc))
+        bound.info("cycle-completed", processed=stats.processed, sent=stats.sent, retried=stats.retried,
+                   terminal=stats.terminal, stale=stats.stale, channel_disabled=stats.channel_disabled,
+                   duration_ms=round(stats.duration_ms, 1), stopped=stats.stopped,
+                   deadline_reached=stats.deadline_reached, lock_lost=stats.lock_lost)
+
+
+def _drop_broken_connection() -> None:
+    """Reconnect after a lost connection (server restart, terminated backend) instead of failing forever.
+
+    Unlike ``close_old_connections`` this keeps a healthy connection, whatever ``CONN_MAX_AGE`` says:
+    a long-running worker has no request cycle to bound a connection's life.
+    """
+    if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
+        connection.close()
+
+
+def run_worker(*, once: bool, batch_size: int | None = None, max_duration: float | None = None,
+               interval: float | None = None, lane: str | None = None,
+               install_signals: bool = True) -> Sequence[TickStats]:
+    """What the management command calls."""
+    worker = Worker(batch_size=batch_size, max_duration=max_duration, interval=interval, lane=lane)
+    if install_signals:
+        worker.install_signal_handlers()
+    return worker.run(once=once)
+
+
+__all__ = ["TickStats", "Worker", "run_worker"]
