@@ -1,0 +1,195 @@
+"""System checks E00x / W00x, each provoked on purpose; the database check against real PostgreSQL."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection, connections
+from django.test import override_settings
+
+from notifications_retry.providers.base import Provider
+from tests.factories import ChannelFactory
+
+
+class CustomProvider(Provider):
+    key = "custom"
+
+
+class NotAProvider:
+    pass
+
+
+def ids(**kwargs: Any) -> list[str]:
+    return [m.id for m in run_checks(**kwargs) if m.id and m.id.startswith("notifications_retry.")]
+
+
+def messages_with(check_id: str, **kwargs: Any) -> list[str]:
+    return [m.msg for m in run_checks(**kwargs) if m.id == check_id]
+
+
+@pytest.fixture
+def extra_alias() -> Iterator[Any]:
+    """Add a DATABASES alias (copied from default) for the duration of a test."""
+    added: list[str] = []
+
+    def add(name: str, **changes: Any) -> None:
+        entry = copy.deepcopy(settings.DATABASES["default"])
+        entry.update(changes)
+        connections.settings[name] = entry
+        settings.DATABASES[name] = entry
+        added.append(name)
+
+    yield add
+    for name in added:
+        connections.settings.pop(name, None)
+        settings.DATABASES.pop(name, None)
+        if hasattr(connections._connections, name):  # type: ignore[attr-defined]
+            delattr(connections._connections, name)  # type: ignore[attr-defined]
+
+
+def test_default_configuration_is_clean() -> None:
+    assert ids() == []
+
+
+def test_e001_unknown_key() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"BATCH_SZE": 5}):
+        assert "notifications_retry.E001" in ids()
+        assert any("BATCH_SZE" in m for m in messages_with("notifications_retry.E001"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"BATCH_SIZE": 0},
+        {"BATCH_SIZE": "ten"},
+        {"JITTER_RATIO": 2},
+        {"CLOCK": "sundial"},
+        {"METRICS_PORT": -1},
+    ],
+)
+def test_e001_wrong_type_or_range(bad: dict[str, Any]) -> None:
+    with override_settings(NOTIFICATIONS_RETRY=bad):
+        assert ids().count("notifications_retry.E001") == 1
+
+
+def test_e001_settings_not_a_dict() -> None:
+    with override_settings(NOTIFICATIONS_RETRY="BATCH_SIZE=5"):
+        assert "notifications_retry.E001" in ids()
+
+
+def test_e002_non_postgresql_lock_alias(extra_alias: Any) -> None:
+    extra_alias("other", ENGINE="django.db.backends.sqlite3", NAME=":memory:")
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "other"}):
+        found = messages_with("notifications_retry.E002")
+    assert found and "sqlite" in found[0]
+
+
+def test_e003_provider_that_does_not_import() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": {"sendgrid": "no.such.module.Provider"}}):
+        found = messages_with("notifications_retry.E003")
+    assert len(found) == 1 and "sendgrid" in found[0]
+
+
+def test_e003_provider_that_is_not_a_provider() -> None:
+    path = f"{__name__}.NotAProvider"
+    with override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": {"custom": path}}):
+        found = messages_with("notifications_retry.E003")
+    assert len(found) == 1 and "not a" in found[0]
+
+
+def test_a_valid_custom_provider_passes() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": {"custom": f"{__name__}.CustomProvider"}}):
+        assert ids() == []
+
+
+def test_w005_replacing_a_builtin_provider() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": {"in_app": f"{__name__}.CustomProvider"}}):
+        assert ids() == ["notifications_retry.W005"]
+
+
+def test_e004_lock_alias_declared_pooled() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_POOLED": True}):
+        found = messages_with("notifications_retry.E004")
+    assert len(found) == 1 and "LOCK_DATABASE_POOLED" in found[0]
+
+
+def test_e004_lock_alias_with_transaction_pooling_switch(extra_alias: Any) -> None:
+    extra_alias("bouncer", DISABLE_SERVER_SIDE_CURSORS=True)
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "bouncer"}):
+        found = messages_with("notifications_retry.E004")
+    assert len(found) == 1 and "DISABLE_SERVER_SIDE_CURSORS" in found[0]
+
+
+def test_e004_lock_alias_with_psycopg_pool(extra_alias: Any) -> None:
+    extra_alias("pooled", OPTIONS={"pool": True})
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "pooled"}):
+        assert "notifications_retry.E004" in ids()
+
+
+def test_a_pooled_default_with_a_direct_lock_alias_is_fine(extra_alias: Any) -> None:
+    # The usual production layout: the app goes through PgBouncer, the lock connects directly.
+    extra_alias("direct")
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "direct"}):
+        assert ids() == []
+
+
+def test_w001_lock_alias_on_pgbouncer_port(extra_alias: Any) -> None:
+    extra_alias("maybe_bouncer", PORT="6432")
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "maybe_bouncer"}):
+        assert ids() == ["notifications_retry.W001"]
+
+
+def test_e005_lock_alias_missing() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "nowhere"}):
+        found = messages_with("notifications_retry.E005")
+    assert len(found) == 1 and "nowhere" in found[0]
+
+
+def test_w003_tick_longer_than_interval() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"MAX_DURATION_SECONDS": 60, "INTERVAL_SECONDS": 60}):
+        assert ids() == ["notifications_retry.W003"]
+
+
+def test_w004_heartbeat_shorter_than_interval() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"HEARTBEAT_MAX_AGE_SECONDS": 30}):
+        assert ids() == ["notifications_retry.W004"]
+
+
+@pytest.mark.django_db
+def test_w002_broken_enabled_channel_is_reported_only_with_databases() -> None:
+    ChannelFactory(key="hooks", provider_key="webhook", options={})
+    ChannelFactory(key="ghost", provider_key="carrier_pigeon")
+    ChannelFactory(key="off", provider_key="carrier_pigeon", is_enabled=False)
+    ChannelFactory(key="fine", provider_key="in_app")
+    assert "notifications_retry.W002" not in ids()  # plain `check`: no database access
+    found = messages_with("notifications_retry.W002", databases=["default"])
+    assert len(found) == 2
+    assert any("'hooks'" in m and "url" in m for m in found)
+    assert any("'ghost'" in m and "carrier_pigeon" in m for m in found)
+
+
+@pytest.mark.django_db
+def test_w002_silent_when_the_table_does_not_exist_yet() -> None:
+    # migrate runs database checks before the app's tables exist: the check must not fail there.
+    with connection.cursor() as cursor:
+        cursor.execute("SAVEPOINT before_rename")
+        cursor.execute("ALTER TABLE notifications_retry_channelconfig RENAME TO nr_hidden")
+        try:
+            assert ids(databases=["default"]) == []
+        finally:
+            cursor.execute("ROLLBACK TO SAVEPOINT before_rename")
+
+
+def test_check_command_fails_on_errors() -> None:
+    with (
+        override_settings(NOTIFICATIONS_RETRY={"BATCH_SIZE": -1}),
+        pytest.raises(SystemCheckError, match="E001"),
+    ):
+        call_command("check")
