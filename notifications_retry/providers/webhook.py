@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import threading
 import time
-from collections.abc import Mapping
+import typing
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 
 from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
@@ -68,6 +71,79 @@ def _message_id(body: bytes) -> str | None:
     return None
 
 
+# The deadline of the request running on this thread; every socket operation waits at most until it.
+_deadline = threading.local()
+
+
+def _time_left(kind: type[Exception]) -> float:
+    deadline: float | None = getattr(_deadline, "at", None)
+    if deadline is None:
+        return float("inf")
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise kind("webhook request deadline passed")
+    return left
+
+
+def _bounded(timeout: float | None, kind: type[Exception]) -> float | None:
+    left = _time_left(kind)
+    if left == float("inf"):
+        return timeout
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket stream whose reads and writes never wait past the request's deadline.
+
+    httpx's timeouts apply per socket operation: a server dripping its headers one byte a second
+    would hold a request forever. Bounding each operation by the time left bounds the request.
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self.inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context: typing.Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        inner = self.inner.start_tls(ssl_context, server_hostname, _bounded(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self.inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.SyncBackend):
+    """httpcore's socket backend with every stream bounded by the thread's request deadline."""
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[typing.Any] | None = None) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(host, port, _bounded(timeout, httpcore.ConnectTimeout), local_address,
+                                     socket_options)
+        return _DeadlineStream(stream)
+
+
+def _transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+    transport = httpx.HTTPTransport(limits=limits, trust_env=False)
+    # httpx offers no hook for the network backend: swap in a pool built the same way that uses ours.
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=transport._pool._ssl_context,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=_DeadlineBackend(),
+    )
+    return transport
+
+
 class WebhookProvider(Provider):
     """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` (HMAC signature)."""
 
@@ -81,11 +157,13 @@ class WebhookProvider(Provider):
         self.secret: str | None = options.get("secret")
         self.timeout = float(channel.timeout_seconds)
         connections = max(1, int(channel.max_concurrency))
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         self.client = httpx.Client(
             timeout=httpx.Timeout(self.timeout),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            limits=limits,
             follow_redirects=False,
             trust_env=False,
+            transport=_transport(limits),
         )
 
     @classmethod
@@ -134,6 +212,7 @@ class WebhookProvider(Provider):
             digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
             headers["X-Signature"] = f"sha256={digest}"
         deadline = time.monotonic() + self.timeout
+        _deadline.at = deadline
         try:
             with self.client.stream("POST", self.url, content=body, headers=headers) as response:
                 received = bytearray()
@@ -152,6 +231,8 @@ class WebhookProvider(Provider):
             raise RetryableProviderError(f"webhook connection failed: {exc!r}", kind="connection") from exc
         except httpx.TransportError as exc:
             raise RetryableProviderError(f"webhook transport error: {exc!r}", kind="transport") from exc
+        finally:
+            _deadline.at = None
 
     def close(self) -> None:
         self.client.close()
