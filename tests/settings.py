@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import dj_database_url
@@ -57,3 +58,6 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 NOTIFICATIONS_RETRY: dict[str, object] = {}
+# Worker subprocesses started by the process tests get their settings as JSON (small leases, test providers).
+if os.environ.get("NR_TEST_SETTINGS_JSON"):
+    NOTIFICATIONS_RETRY = json.loads(os.environ["NR_TEST_SETTINGS_JSON"])
