@@ -1,0 +1,52 @@
+"""The backoff policy is a pure function of attempts, clock and randomness."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from notifications_retry.retry import BackoffPolicy, next_attempt_at
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("attempts", "expected"), [(1, 60), (2, 120), (3, 240), (6, 1920), (7, 3600), (50, 3600)])
+def test_exponential_doubles_from_base_up_to_cap(attempts, expected):
+    assert BackoffPolicy("exponential", 60, 3600).base_delay(attempts) == expected
+
+
+def test_fixed_is_constant():
+    policy = BackoffPolicy("fixed", 30, 3600)
+    assert {policy.base_delay(n) for n in range(1, 10)} == {30}
+
+
+def test_huge_attempt_counts_do_not_overflow():
+    assert BackoffPolicy("exponential", 60, 3600).base_delay(10_000) == 3600
+
+
+def test_jitter_stays_in_band_and_spreads():
+    policy = BackoffPolicy("exponential", 60, 3600, jitter_ratio=0.1)
+    rng = random.Random(1)
+    delays = [policy.delay(3, rng) for _ in range(500)]
+    assert min(delays) >= 216 and max(delays) <= 264
+    assert len({round(d, 3) for d in delays}) > 400
+
+
+def test_same_seed_same_schedule():
+    policy = BackoffPolicy()
+    a = [next_attempt_at(n, NOW, random.Random(5), policy) for n in range(1, 5)]
+    b = [next_attempt_at(n, NOW, random.Random(5), policy) for n in range(1, 5)]
+    assert a == b
+
+
+def test_retry_after_is_a_floor_not_a_ceiling():
+    policy = BackoffPolicy("fixed", 10, 3600, jitter_ratio=0)
+    assert next_attempt_at(1, NOW, random.Random(), policy, retry_after=120) == NOW + timedelta(seconds=120)
+    assert next_attempt_at(1, NOW, random.Random(), policy, retry_after=1) == NOW + timedelta(seconds=10)
+
+
+def test_zero_attempts_is_a_clear_error():
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        BackoffPolicy().base_delay(0)
