@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo test lint type bench soak clean
+.PHONY: demo test lint type bench soak clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,6 +26,18 @@ lint: $(VENV)/.installed
 
 type: $(VENV)/.installed
 	$(VENV)/bin/mypy
+
+# Build the wheel and sdist into dist/ and prove a clean venv installs the wheel and runs the example.
+package: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	rm -rf dist && $(PY) -m build --outdir dist .
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q tests/integration/test_packaging.py
+
+# Every tox environment; the pyenv interpreters (3.12, 3.13), when present, are put on PATH.
+PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[123]*/bin 2>/dev/null | tr '\n' ':')
+tox: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	PATH="$(PYENV_BINS)$$PATH" DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(VENV)/bin/tox $(TOX_ARGS)
 
 clean:
 	rm -rf $(VENV) .pgdata build dist *.egg-info
