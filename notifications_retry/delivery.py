@@ -135,6 +135,21 @@ WHERE t.id = v.id
 """
 
 
+def claim_query(now: datetime, plan: Sequence[ChannelClaim], *, total: int,
+                priorities: Sequence[int] | None = None) -> tuple[str, dict[str, Any]]:
+    """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks)."""
+    priority_filter = "AND t.priority = ANY(%(priorities)s)" if priorities else ""
+    params: dict[str, Any] = {
+        "channels": [p.channel_id for p in plan],
+        "limits": [p.limit for p in plan],
+        "leases": [float(p.lease_seconds) for p in plan],
+        "now": now,
+        "total": total,
+        "priorities": list(priorities or []),
+    }
+    return _CLAIM_SELECT.format(priority_filter=priority_filter), params
+
+
 def claim_due(
     now: datetime,
     plan: Sequence[ChannelClaim],
@@ -155,20 +170,12 @@ def claim_due(
         return ClaimBatch([], [])
     by_type = attempts_by_type or {}
     token = uuid.uuid4()
-    priority_filter = "AND t.priority = ANY(%(priorities)s)" if priorities else ""
-    params: dict[str, Any] = {
-        "channels": [p.channel_id for p in plan],
-        "limits": [p.limit for p in plan],
-        "leases": [float(p.lease_seconds) for p in plan],
-        "now": now,
-        "total": total,
-        "priorities": list(priorities or []),
-    }
+    sql, params = claim_query(now, plan, total=total, priorities=priorities)
     records: list[ClaimedRecord] = []
     settled: list[Outcome] = []
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SELECT.format(priority_filter=priority_filter), params)
+            cursor.execute(sql, params)
             rows = cursor.fetchall()
             ids: list[uuid.UUID] = []
             expires: list[datetime] = []
