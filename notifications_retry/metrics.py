@@ -1,9 +1,14 @@
-"""Prometheus metric objects (names are part of the contract). Nothing is served from here:
-the web side uses django-prometheus's ``/metrics``, the worker command starts its own exporter."""
+"""Prometheus metric objects (names are part of the contract). Nothing is served on import: the web
+side uses django-prometheus's ``/metrics``; ``retry_worker --metrics-port`` calls :func:`start_exporter`.
+
+Labels are low-cardinality only (channel, outcome, error_kind, lane): never a notification or tenant id.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
 PROCESSED = Counter(
     "notifications_retry_processed_total", "Records the worker finished, by outcome.", ["channel", "outcome"]
@@ -14,7 +19,8 @@ RETRIED = Counter(
     ["channel", "error_kind"],
 )
 TERMINAL_FAILED = Counter(
-    "notifications_retry_terminal_failed_total", "Records that became dead letters.", ["channel", "error_kind"]
+    "notifications_retry_terminal_failed_total", "Records that became dead letters.",
+    ["channel", "error_kind"],
 )
 CHANNEL_DISABLED = Counter(
     "notifications_retry_channel_disabled_total",
@@ -24,11 +30,20 @@ FAILED_BACKLOG = Gauge("notifications_failed_backlog_gauge", "Failed records wai
 DUE_BACKLOG = Gauge("notifications_retry_due_backlog", "Records due now.")
 OLDEST_DUE_AGE = Gauge("notifications_retry_oldest_due_age_seconds", "Age of the oldest due record (lag).")
 CYCLE_DURATION = Histogram(
-    "notifications_retry_cycle_duration_ms", "Duration of a tick in milliseconds.",
+    "notifications_retry_cycle_duration_ms", "Duration of a tick in milliseconds.", ["lane"],
     buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 30000, 45000, 60000, 120000),
 )
+LAST_CYCLE_DURATION = Gauge(
+    "notifications_retry_last_cycle_duration_ms", "Duration of the last completed tick in milliseconds.",
+    ["lane"],
+)
+LAST_TICK_STARTED = Gauge(
+    "notifications_retry_last_tick_started_timestamp_seconds",
+    "Unix time this process last started a tick it owns (with the lock).", ["lane"],
+)
 LAST_TICK_COMPLETED = Gauge(
-    "notifications_retry_last_tick_completed_timestamp_seconds", "Unix time of the last completed tick.", ["lane"]
+    "notifications_retry_last_tick_completed_timestamp_seconds", "Unix time of the last completed tick.",
+    ["lane"],
 )
 LOCK_HELD = Gauge("notifications_retry_lock_held", "1 while this process owns the cycle's lock.", ["lane"])
 CIRCUIT_STATE = Gauge(
@@ -36,3 +51,16 @@ CIRCUIT_STATE = Gauge(
     ["channel"],
 )
 CIRCUIT_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def start_exporter(port: int, addr: str = "127.0.0.1", registry: Any = REGISTRY) -> int:
+    """Serve ``/metrics`` of ``registry`` on ``addr:port`` from a daemon thread; returns the bound port.
+
+    Only the worker command calls this (never ``AppConfig.ready()``): a web process already exposes the
+    same registry through django-prometheus, and two exporters in one process would fight over the port.
+    """
+    result = start_http_server(port, addr=addr, registry=registry)
+    # prometheus_client >= 0.20 returns (server, thread); older versions return None.
+    if isinstance(result, tuple):
+        return int(result[0].server_port)
+    return port

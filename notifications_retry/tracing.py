@@ -1,4 +1,8 @@
-"""OpenTelemetry spans when ``opentelemetry-api`` is installed; no-ops otherwise."""
+"""OpenTelemetry spans when ``opentelemetry-api`` is installed; no-ops otherwise.
+
+The library never configures a tracer provider: the project does (SDK, exporter, sampling). Without
+one, the API's default provider makes every span a cheap non-recording one.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,50 @@ from collections.abc import Iterator
 from typing import Any
 
 try:  # pragma: no cover - exercised in both configurations by the test matrix
+    from opentelemetry import context as _otel_context
     from opentelemetry import trace as _otel_trace
 except ImportError:  # pragma: no cover
     _otel_trace = None  # type: ignore[assignment]
+    _otel_context = None  # type: ignore[assignment]
+
+__all__ = ["TRACER_NAME", "current_context", "set_attributes", "span"]
 
 TRACER_NAME = "notifications_retry"
 
 
+def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
+    # OTel attribute values must be str/bool/int/float: ids (UUIDs) become text, None is dropped.
+    return {
+        k: v if isinstance(v, str | bool | int | float) else str(v)
+        for k, v in attributes.items()
+        if v is not None
+    }
+
+
+def current_context() -> Any:
+    """The active trace context (to parent spans started in another thread), or None without OTel."""
+    if _otel_context is None:
+        return None
+    return _otel_context.get_current()
+
+
 @contextlib.contextmanager
-def span(name: str, **attributes: Any) -> Iterator[Any]:
-    """A span named ``name`` with ``attributes`` (None values dropped); yields it, or None."""
+def span(name: str, *, parent: Any = None, **attributes: Any) -> Iterator[Any]:
+    """A span named ``name`` with ``attributes`` (None values dropped); yields it, or None.
+
+    ``parent`` is a context from :func:`current_context`: worker threads do not inherit the tick's
+    context, so the per-record span is parented explicitly.
+    """
     if _otel_trace is None:
         yield None
         return
     tracer = _otel_trace.get_tracer(TRACER_NAME)
-    clean = {k: v for k, v in attributes.items() if v is not None}
-    with tracer.start_as_current_span(name, attributes=clean) as current:
+    with tracer.start_as_current_span(name, context=parent, attributes=_clean(attributes)) as current:
         yield current
+
+
+def set_attributes(current: Any, **attributes: Any) -> None:
+    """Add attributes (None values dropped) to a span from :func:`span`; a no-op for None."""
+    if current is None:
+        return
+    current.set_attributes(_clean(attributes))

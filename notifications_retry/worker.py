@@ -176,6 +176,9 @@ class Worker:
         self._runtimes: dict[int, ChannelRuntime] = {}
         self._fingerprints: dict[int, tuple[Any, ...]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        # The running tick's id and trace context, for record spans started in pool threads.
+        self._run_id: str | None = None
+        self._trace_parent: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -245,12 +248,17 @@ class Worker:
                 bound.info("retry-cycle-skipped", reason="lock held by another instance")
                 return stats
             metrics.LOCK_HELD.labels(self.lane).set(1)
+            metrics.LAST_TICK_STARTED.labels(self.lane).set(time.time())
             try:
                 self.clock.sync()
                 bound.info("retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration)
                 self._heartbeat(started_at=self.clock.now())
-                with tracing.span("notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane):
+                with tracing.span("notifications_retry.tick", job_run_id=stats.run_id,
+                                  lane=self.lane) as span:
+                    self._run_id, self._trace_parent = stats.run_id, tracing.current_context()
                     self._cycle(stats, started, bound)
+                    tracing.set_attributes(span, processed=stats.processed, sent=stats.sent,
+                                           retried=stats.retried, terminal=stats.terminal)
             finally:
                 self.lock.release()
                 metrics.LOCK_HELD.labels(self.lane).set(0)
@@ -261,7 +269,8 @@ class Worker:
             self.lock.close()
             return stats
         stats.duration_ms = (time.monotonic() - started) * 1000
-        metrics.CYCLE_DURATION.observe(stats.duration_ms)
+        metrics.CYCLE_DURATION.labels(self.lane).observe(stats.duration_ms)
+        metrics.LAST_CYCLE_DURATION.labels(self.lane).set(stats.duration_ms)
         self._after_tick(stats, bound)
         return stats
 
@@ -350,6 +359,18 @@ class Worker:
                     runtimes[p.channel_id].exhausted = True
 
     def _send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        """Send one record in its own span, parented to the tick's span even from a pool thread."""
+        with tracing.span("notifications_retry.record", parent=self._trace_parent, **{
+            "job_run_id": self._run_id, "notification.id": str(record.id),
+            "notification.channel": rt.config.key, "notification.attempt": record.attempts,
+            "tenant.id": record.tenant_id, "correlation_id": record.correlation_id or None,
+        }) as span:
+            outcome = self._call(rt, record)
+            tracing.set_attributes(span, **{"notification.outcome": outcome.result,
+                                            "notification.error_kind": outcome.error_kind or None})
+        return outcome
+
+    def _call(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         """Call the provider (no transaction open) and classify what happened."""
         started = time.monotonic()
         message = OutgoingMessage(
@@ -361,7 +382,7 @@ class Worker:
             with tracing.span("notifications_retry.provider.send", **{
                 "notification.id": str(record.id), "notification.channel": rt.config.key,
                 "notification.attempt": record.attempts, "correlation_id": record.correlation_id or None,
-                "provider.key": rt.config.provider_key,
+                "provider.key": rt.config.provider_key, "job_run_id": self._run_id,
             }):
                 result = rt.provider.send(message)
             return Outcome(record, SENT, provider_message_id=result.provider_message_id,
@@ -494,6 +515,8 @@ class Worker:
                 runtime.provider.close()
             provider = get_provider_class(config.provider_key)(config.settings())
             runtime = ChannelRuntime(config, provider, self.conf)
+            # A new breaker starts closed; publishing it makes "circuit open" alerts resolvable.
+            metrics.CIRCUIT_STATE.labels(config.key).set(metrics.CIRCUIT_STATE_VALUES["closed"])
             self._runtimes[config.pk] = runtime
             self._fingerprints[config.pk] = fingerprint
         runtime.config = config

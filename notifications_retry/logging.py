@@ -1,0 +1,170 @@
+"""structlog processors that keep recipients, secrets and message bodies out of log output.
+
+The library only *emits* events (``structlog.get_logger("notifications_retry...")``); the project
+decides how they are rendered. Put :func:`processors` into the project's structlog chain (and into
+``ProcessorFormatter``'s ``foreign_pre_chain`` for stdlib records), before the renderer::
+
+    import notifications_retry.logging as nr_logging
+
+    structlog.configure(processors=[..., *nr_logging.processors(), renderer])
+
+See docs/observability.md for a complete configuration (JSON lines in production, console in development).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from structlog.processors import format_exc_info
+from structlog.typing import EventDict, WrappedLogger
+
+from .masking import mask_recipient
+
+__all__ = ["MASK", "mask_event_dict", "mask_text", "mask_value", "processors"]
+
+MASK = "***"
+
+# Keys are compared lower-cased with "-" read as "_" (HTTP header names arrive either way).
+RECIPIENT_KEYS = frozenset({
+    "recipient", "recipients", "to", "cc", "bcc", "email", "email_address", "emails", "phone",
+    "phone_number", "msisdn", "address", "addresses", "device_token", "push_token", "registration_id",
+    "destination", "user_email",
+})
+SECRET_KEYS = frozenset({
+    "token", "tokens", "access_token", "refresh_token", "id_token", "api_key", "apikey", "x_api_key",
+    "authorization", "proxy_authorization", "password", "passwd", "secret", "client_secret",
+    "webhook_secret", "signature", "x_signature", "cookie", "set_cookie", "credentials", "session",
+})
+BODY_KEYS = frozenset({
+    "body", "payload", "content", "html", "text", "subject", "data", "template_context",
+    "request_body", "response_body", "params", "form", "json", "attachments", "headers",
+})
+RECIPIENT_SUFFIXES = ("_recipient", "_email", "_phone", "_address", "_device_token")
+SECRET_SUFFIXES = ("_token", "_secret", "_password", "_api_key", "_signature")
+BODY_SUFFIXES = ("_body", "_payload", "_content", "_html")
+
+# Meta keys of structlog's ProcessorFormatter (the LogRecord itself) and the event's own scaffolding.
+_UNTOUCHED_KEYS = frozenset({"_record", "_from_structlog", "timestamp", "level", "logger", "logger_name"})
+
+_EMAIL = re.compile(r"[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+# Candidate phone numbers; _phone_sub rejects dates, versions and anything with too few digits.
+_PHONE = re.compile(r"(?<![\w/.:+-])\+?\(?\d[\d ().-]{6,}\d(?![\w/.:-])")
+_DATE_LIKE = re.compile(r"^\d{4}[-./]\d{1,2}[-./]\d{1,2}")
+_IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
+_BEARER = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{6,}")
+_QUERY_SECRET = re.compile(
+    r"(?i)([?&;\s]|^)((?:access_|refresh_|id_)?token|api_?key|key|secret|signature|sig|password|auth)"
+    r"=([^&\s\"'<>]+)"
+)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@")
+_SAFE_SCALARS = (bool, int, float, Decimal, UUID, datetime, date, time, timedelta)
+
+
+def _phone_sub(match: re.Match[str]) -> str:
+    text = match.group(0)
+    digits = sum(c.isdigit() for c in text)
+    if digits < 7 or digits > 15 or _DATE_LIKE.match(text.lstrip("(+")) or _IPV4.match(text):
+        return text
+    return mask_recipient(text)
+
+
+def mask_text(text: str) -> str:
+    """Free text with every email address, phone number, bearer token and URL secret masked."""
+    if not text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    text = _EMAIL.sub(lambda m: mask_recipient(m.group(0)), text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}", text)
+    return _PHONE.sub(_phone_sub, text)
+
+
+def _normal(key: Any) -> str:
+    return str(key).lower().replace("-", "_")
+
+
+def _kind(key: Any) -> str | None:
+    name = _normal(key)
+    if name in SECRET_KEYS or name.endswith(SECRET_SUFFIXES):
+        return "secret"
+    if name in RECIPIENT_KEYS or name.endswith(RECIPIENT_SUFFIXES):
+        return "recipient"
+    if name in BODY_KEYS or name.endswith(BODY_SUFFIXES):
+        return "body"
+    return None
+
+
+def _mask_recipient_value(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_mask_recipient_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _mask_recipient_value(v) for k, v in value.items()}
+    return mask_recipient(str(value))
+
+
+def _mask_body_value(value: Any) -> Any:
+    # Keep the shape (an operator can tell "empty" from "something") but nothing of the content.
+    if value is None or value == "" or value == {} or value == []:
+        return value
+    if isinstance(value, Mapping):
+        return f"<masked {len(value)} keys>"
+    if isinstance(value, list | tuple):
+        return f"<masked {len(value)} items>"
+    return MASK
+
+
+def mask_value(value: Any, key: Any = None, _depth: int = 0) -> Any:
+    """``value`` as it may be logged under ``key``: masked by the key's meaning, else scrubbed deeply."""
+    kind = _kind(key) if key is not None else None
+    if kind == "secret":
+        return MASK if value not in (None, "") else value
+    if kind == "recipient":
+        return _mask_recipient_value(value)
+    if kind == "body":
+        return _mask_body_value(value)
+    if value is None or isinstance(value, _SAFE_SCALARS):
+        return value
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, bytes | bytearray):
+        return mask_text(bytes(value).decode("utf-8", "replace"))
+    if _depth > 8:  # a self-referencing structure must not hang the logger
+        return MASK
+    if isinstance(value, Mapping):
+        return {k: mask_value(v, k, _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [mask_value(v, None, _depth + 1) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # e.g. an OutgoingMessage logged whole: its recipient and payload fields are masked by name.
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {k: mask_value(v, k, _depth + 1) for k, v in fields.items()}
+    # Unknown objects would be rendered through repr() later: scrub that text now.
+    return mask_text(repr(value))
+
+
+def mask_event_dict(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """structlog processor: mask recipients, secrets and bodies anywhere in the event, tracebacks included."""
+    if "exc_info" in event_dict:
+        # Render the traceback here, so an exception message holding an address is masked too.
+        event_dict = format_exc_info(logger, method_name, event_dict)
+    for key in list(event_dict):
+        if key in _UNTOUCHED_KEYS:
+            continue
+        if key in ("event", "exception", "stack", "stack_info") and isinstance(event_dict[key], str):
+            event_dict[key] = mask_text(event_dict[key])
+            continue
+        event_dict[key] = mask_value(event_dict[key], key)
+    return event_dict
+
+
+def processors() -> list[Callable[[WrappedLogger, str, EventDict], EventDict]]:
+    """The masking chain for a project's structlog configuration: place it just before the renderer."""
+    return [mask_event_dict]
