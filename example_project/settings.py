@@ -36,7 +36,7 @@ def _database() -> dict[str, Any]:
 
     data_dir = Path(os.environ.get("PGSERVER_DATA_DIR", BASE_DIR / ".pgdata"))
     # cleanup_mode=None: the server outlives this process and the next command reuses it.
-    server = pgserver.get_server(data_dir, cleanup_mode=None)
+    server = pgserver.get_server(data_dir, cleanup_mode=None)  # type: ignore[attr-defined]
     return dict(dj_database_url.parse(server.get_uri()))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -159,7 +160,7 @@ def _when(moment: datetime | None, now: datetime) -> str:
     return f"in {seconds:.0f}s" if seconds >= 0 else f"{-seconds:.0f}s ago"
 
 
-def _render(rows: list[tuple[str, ...]]) -> str:
+def _render(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
