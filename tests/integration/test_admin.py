@@ -1,0 +1,536 @@
+"""The triage console on a real PostgreSQL: lists, filters, detail, actions, channels, outbox, dashboard."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from notifications_retry.admin_views import backlog_chart, format_age
+from notifications_retry.events import dispatched_event
+from notifications_retry.models import (
+    BacklogSample,
+    ChannelConfig,
+    DeadLetterAction,
+    NotificationEntity,
+    Outbox,
+    WorkerHeartbeat,
+)
+from tests.factories import ChannelFactory, NotificationFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:notifications_retry_notificationentity_changelist"
+DASHBOARD = "admin:notifications_retry_notificationentity_dashboard"
+
+
+@pytest.fixture
+def admin_user(db: None) -> User:
+    """pytest-django's superuser, without a password (hashing one costs a second per test)."""
+    return User.objects.create_superuser("admin", "admin@example.com", password=None)
+
+
+def dead_letter(**fields: Any) -> NotificationEntity:
+    """A terminal Failed row, as the worker leaves it."""
+    now = timezone.now()
+    values: dict[str, Any] = {
+        "status": NotificationEntity.Status.FAILED,
+        "attempts": 3,
+        "error_kind": "http_4xx",
+        "last_error": "webhook answered HTTP 400",
+        "dead_lettered_at": now - timedelta(minutes=5),
+        "dead_letter_reason": "permanent failure",
+        "created_at": now - timedelta(hours=1),
+        "attempt_log": [
+            {
+                "at": (now - timedelta(minutes=20)).isoformat(),
+                "attempt": 1,
+                "outcome": "retry",
+                "error_kind": "timeout",
+                "error": "timed out",
+            },
+            {
+                "at": (now - timedelta(minutes=5)).isoformat(),
+                "attempt": 2,
+                "outcome": "failed",
+                "error_kind": "http_4xx",
+                "error": "webhook answered HTTP 400",
+            },
+        ],
+    }
+    values.update(fields)
+    return NotificationFactory(**values)  # type: ignore[no-any-return]
+
+
+def outbox_event(row: NotificationEntity, *, published: bool = False) -> Outbox:
+    """The event the worker writes for a Sent or dead-lettered row (the database checks it matches)."""
+    event = dispatched_event(
+        generation=row.requeue_count,
+        created_at=timezone.now(),
+        notification_id=row.pk,
+        tenant_id=row.tenant_id,
+        channel=row.channel.key,
+        status="Sent" if row.status == "sent" else "Failed",
+        attempts=row.attempts,
+        provider_message_id=row.provider_message_id,
+        error=row.last_error,
+        error_kind=row.error_kind,
+    )
+    event.save()
+    if published:
+        Outbox.objects.filter(pk=event.pk).update(published_at=timezone.now())
+        event.refresh_from_db()
+    return event
+
+
+def staff(*perms: str, username: str = "operator") -> Client:
+    """A logged-in staff client holding exactly ``perms`` (codenames of the app)."""
+    user = User.objects.create_user(username, is_staff=True)  # no password: no slow hashing
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="notifications_retry", codename__in=perms)
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def action(client: Client, name: str, ids: list[Any], query: str = "", **extra: Any) -> Any:
+    data: dict[str, Any] = {
+        "action": name,
+        "_selected_action": [str(i) for i in ids],
+        "index": "0",
+        "select_across": "0",
+        **extra,
+    }
+    return client.post(reverse(CHANGELIST) + query, data)
+
+
+def ids_in(response: Any) -> set[str]:
+    return {str(obj.pk) for obj in response.context["cl"].result_list}
+
+
+# --- list, filters, search -----------------------------------------------------------------------------
+
+
+def test_list_shows_triage_columns_and_masks_recipients(admin_client: Client) -> None:
+    row = dead_letter(recipient="alice.secret@example.com")
+    response = admin_client.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    html = response.content.decode()
+    for header in (
+        "status",
+        "channel",
+        "tenant",
+        "attempts",
+        "due / next attempt",
+        "error kind",
+        "dead lettered at",
+        "age",
+    ):
+        assert header in html.lower()
+    assert "alice.secret@example.com" not in html
+    assert "a***@e***.com" in html
+    assert str(row.pk)[:8] in html
+    assert "dead letter" in html
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("?dead_letter=yes", {"dead", "discarded"}),
+        ("?dead_letter=unresolved", {"dead"}),
+        ("?dead_letter=no", {"sent", "retrying"}),
+        ("?resolution=discarded", {"discarded"}),
+        ("?resolution=unresolved", {"dead"}),
+        ("?status__exact=sent", {"sent"}),
+        ("?error_kind=timeout", {"retrying"}),
+        ("?priority__exact=0", {"sent"}),
+        ("?queue=due", {"retrying"}),
+        ("?tenant=none", {"discarded"}),
+    ],
+)
+def test_filters(admin_client: Client, query: str, expected: set[str]) -> None:
+    now = timezone.now()
+    rows = {
+        "dead": dead_letter(),
+        "discarded": dead_letter(resolution="discarded", resolved_at=now, tenant_id=None),
+        "sent": NotificationFactory(status="sent", priority=0, provider_message_id="pm-1"),
+        "retrying": NotificationFactory(
+            status="failed", attempts=1, error_kind="timeout", next_attempt_at=now - timedelta(minutes=1)
+        ),
+    }
+    response = admin_client.get(reverse(CHANGELIST) + query)
+    assert response.status_code == 200
+    assert ids_in(response) == {str(rows[name].pk) for name in expected}
+
+
+def test_tenant_channel_and_date_range_filters(admin_client: Client) -> None:
+    tenant = uuid.uuid4()
+    email = ChannelFactory(key="email")
+    old = dead_letter(tenant_id=tenant, channel=email, created_at=timezone.now() - timedelta(days=10))
+    new = dead_letter(tenant_id=tenant)
+    dead_letter()
+    assert ids_in(admin_client.get(reverse(CHANGELIST) + f"?tenant={tenant}")) == {str(old.pk), str(new.pk)}
+    assert ids_in(admin_client.get(reverse(CHANGELIST) + f"?channel__id__exact={email.pk}")) == {str(old.pk)}
+    since = (timezone.now() - timedelta(days=11)).date().isoformat()
+    until = (timezone.now() - timedelta(days=9)).date().isoformat()
+    response = admin_client.get(reverse(CHANGELIST) + f"?created_at__from={since}&created_at__to={until}")
+    assert ids_in(response) == {str(old.pk)}
+    response = admin_client.get(reverse(CHANGELIST) + "?created_at__from=not-a-date")
+    assert response.status_code == 302  # Django's answer to incorrect lookup parameters: back to the list
+
+
+def test_search_by_id_tenant_and_provider_message_id(admin_client: Client) -> None:
+    a = dead_letter(provider_message_id="prov-123")
+    b = dead_letter()
+    url = reverse(CHANGELIST)
+    assert ids_in(admin_client.get(url, {"q": str(a.pk)})) == {str(a.pk)}
+    assert ids_in(admin_client.get(url, {"q": str(b.tenant_id)})) == {str(b.pk)}
+    assert ids_in(admin_client.get(url, {"q": "prov-123"})) == {str(a.pk)}
+    assert ids_in(admin_client.get(url, {"q": "nothing-like-it"})) == set()
+
+
+# --- detail page ---------------------------------------------------------------------------------------
+
+
+def test_detail_is_read_only_with_payload_history_triage_log_and_outbox(admin_client: Client) -> None:
+    row = dead_letter(payload={"subject": "Order 42", "lines": [1, 2]}, recipient="bob@example.com")
+    DeadLetterAction.objects.create(
+        notification=row, action="requeue", actor="carol", reason="provider fixed"
+    )
+    event = outbox_event(row)
+    outbox_event(NotificationFactory(status="sent"))
+    response = admin_client.get(reverse("admin:notifications_retry_notificationentity_change", args=[row.pk]))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "bob@example.com" in html  # the superuser holds view_recipient
+    assert '"subject": "Order 42"' in html.replace("&quot;", '"')
+    assert "webhook answered HTTP 400" in html
+    assert "timed out" in html and "retry" in html  # attempt history
+    assert "provider fixed" in html and "carol" in html  # triage log
+    assert str(event.event_id) in html
+    assert 'name="_save"' not in html and "<textarea" not in html  # nothing editable
+    assert reverse("admin:notifications_retry_notificationentity_triage", args=[row.pk, "requeue"]) in html
+
+
+def test_detail_masks_recipient_without_view_recipient_permission() -> None:
+    row = dead_letter(recipient="+15551234567")
+    client = staff("view_notificationentity")
+    html = client.get(reverse("admin:notifications_retry_notificationentity_change", args=[row.pk])).content
+    assert b"+15551234567" not in html
+    assert b"+*********67" in html
+    client = staff("view_notificationentity", "view_recipient", username="lead")
+    html = client.get(reverse("admin:notifications_retry_notificationentity_change", args=[row.pk])).content
+    assert b"+15551234567" in html
+
+
+# --- triage actions ------------------------------------------------------------------------------------
+
+
+def test_requeue_asks_for_a_reason_then_calls_the_service_and_logs() -> None:
+    row = dead_letter()
+    client = staff("view_notificationentity", "requeue_notificationentity")
+    confirm = action(client, "requeue_selected", [row.pk])
+    assert confirm.status_code == 200
+    assert confirm.context["total"] == 1 and confirm.context["eligible"] == 1
+    row.refresh_from_db()
+    assert row.dead_lettered_at is not None  # nothing happened yet
+
+    no_reason = action(client, "requeue_selected", [row.pk], confirm="yes", reason="")
+    assert no_reason.status_code == 200 and no_reason.context["form"].errors
+    row.refresh_from_db()
+    assert row.dead_lettered_at is not None
+
+    done = action(client, "requeue_selected", [row.pk], confirm="yes", reason="provider is back")
+    assert done.status_code == 302
+    row.refresh_from_db()
+    assert row.dead_lettered_at is None and row.attempts == 0 and row.requeue_count == 1
+    audit = DeadLetterAction.objects.get(notification=row)
+    assert (audit.action, audit.actor, audit.reason) == ("requeue", "operator", "provider is back")
+    entry = LogEntry.objects.get(object_id=str(row.pk))
+    assert "provider is back" in entry.get_change_message()
+    messages = [str(m) for m in client.get(done["Location"]).context["messages"]]
+    assert "Requeued 1 notification(s)." in messages
+
+
+def test_requeue_refuses_rows_in_the_wrong_state_with_a_message() -> None:
+    good = dead_letter()
+    sent = NotificationFactory(status="sent")
+    client = staff("view_notificationentity", "requeue_notificationentity")
+    confirm = action(client, "requeue_selected", [good.pk, sent.pk])
+    assert (confirm.context["eligible"], confirm.context["refused"]) == (1, 1)
+    done = action(client, "requeue_selected", [good.pk, sent.pk], confirm="yes", reason="retry")
+    page = client.get(done["Location"])
+    messages = [str(m) for m in page.context["messages"]]
+    assert "Requeued 1 notification(s)." in messages
+    assert any("Refused 1" in m and "not a dead letter (status sent)" in m for m in messages)
+    sent.refresh_from_db()
+    assert sent.status == "sent" and sent.requeue_count == 0
+    assert not LogEntry.objects.filter(object_id=str(sent.pk)).exists()
+
+
+def test_discard_marks_resolution_and_refuses_already_discarded() -> None:
+    row = dead_letter()
+    gone = dead_letter(resolution="discarded", resolved_at=timezone.now())
+    client = staff("view_notificationentity", "discard_notificationentity")
+    done = action(client, "discard_selected", [row.pk, gone.pk], confirm="yes", reason="spam campaign")
+    assert done.status_code == 302
+    row.refresh_from_db()
+    assert row.resolution == "discarded" and row.resolved_at is not None
+    messages = [str(m) for m in client.get(done["Location"]).context["messages"]]
+    assert "Discarded 1 notification(s)." in messages
+    assert any("already discarded" in m for m in messages)
+
+
+def test_apply_to_all_matching_the_filter_shows_count_and_respects_the_cap(settings: Any) -> None:
+    rows = [dead_letter(error_kind="http_4xx") for _ in range(3)]
+    other = dead_letter(error_kind="timeout")
+    client = staff("view_notificationentity", "requeue_notificationentity")
+    query = "?dead_letter=unresolved&error_kind=http_4xx"
+    confirm = action(client, "requeue_selected", [rows[0].pk], query, select_across="1")
+    assert confirm.status_code == 200
+    assert confirm.context["total"] == 3 and confirm.context["across"]
+    assert "match the current filter" in confirm.content.decode()
+
+    settings.NOTIFICATIONS_RETRY = {"BULK_ACTION_CAP": 2}
+    capped = action(
+        client, "requeue_selected", [rows[0].pk], query, select_across="1", confirm="yes", reason="x"
+    )
+    assert capped.status_code == 302
+    messages = [str(m) for m in client.get(capped["Location"]).context["messages"]]
+    assert any("cap for one action is 2" in m for m in messages)
+    assert NotificationEntity.objects.filter(dead_lettered_at__isnull=True).count() == 0
+
+    settings.NOTIFICATIONS_RETRY = {"BULK_ACTION_CAP": 3}
+    done = action(
+        client,
+        "requeue_selected",
+        [rows[0].pk],
+        query,
+        select_across="1",
+        confirm="yes",
+        reason="bad template fixed",
+    )
+    assert done.status_code == 302
+    assert set(
+        NotificationEntity.objects.filter(dead_lettered_at__isnull=True).values_list("pk", flat=True)
+    ) == {r.pk for r in rows}
+    other.refresh_from_db()
+    assert other.dead_lettered_at is not None
+
+
+def test_triage_from_the_detail_page() -> None:
+    row = dead_letter()
+    client = staff("view_notificationentity", "discard_notificationentity")
+    url = reverse("admin:notifications_retry_notificationentity_triage", args=[row.pk, "discard"])
+    page = client.get(url)
+    assert page.status_code == 200 and page.context["eligible"] == 1
+    done = client.post(url, {"reason": "duplicate", "confirm": "yes"})
+    assert done.status_code == 302
+    row.refresh_from_db()
+    assert row.resolution == "discarded"
+    assert (
+        client.get(
+            reverse("admin:notifications_retry_notificationentity_triage", args=[uuid.uuid4(), "discard"])
+        ).status_code
+        == 404
+    )
+
+
+# --- channels ------------------------------------------------------------------------------------------
+
+
+def channel_form(channel: ChannelConfig, **changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "key": channel.key,
+        "is_enabled": "on" if channel.is_enabled else "",
+        "provider_key": channel.provider_key,
+        "max_attempts": channel.max_attempts,
+        "retry_backoff": channel.retry_backoff,
+        "backoff_base_seconds": channel.backoff_base_seconds,
+        "backoff_cap_seconds": channel.backoff_cap_seconds,
+        "timeout_seconds": channel.timeout_seconds,
+        "rate_limit_per_second": "",
+        "max_concurrency": channel.max_concurrency,
+        "options": "{}",
+        "secret": "",
+    }
+    data.update(changes)
+    return data
+
+
+def test_channel_enable_disable_from_the_list(admin_client: Client) -> None:
+    a = ChannelFactory(key="sms", is_enabled=True)
+    b = ChannelFactory(key="push", is_enabled=True)
+    url = reverse("admin:notifications_retry_channelconfig_changelist")
+    response = admin_client.post(
+        url, {"action": "disable_channels", "_selected_action": [a.pk, b.pk], "index": 0}
+    )
+    assert response.status_code == 302
+    assert not ChannelConfig.objects.filter(is_enabled=True).exists()
+    assert LogEntry.objects.filter(object_id=str(a.pk), change_message="Disabled.").exists()
+    # list_editable
+    data = {
+        "form-TOTAL_FORMS": "2",
+        "form-INITIAL_FORMS": "2",
+        "form-0-id": b.pk,
+        "form-0-is_enabled": "on",
+        "form-1-id": a.pk,
+        "_save": "Save",
+    }
+    response = admin_client.post(url, data)
+    assert response.status_code == 302, response.content
+    b.refresh_from_db()
+    a.refresh_from_db()
+    assert b.is_enabled and not a.is_enabled
+
+
+def test_webhook_url_policy_in_the_channel_form(admin_client: Client, settings: Any) -> None:
+    channel = ChannelFactory(
+        key="webhook", provider_key="webhook", options={"url": "https://hooks.example.com/x"}
+    )
+    url = reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk])
+    for bad in (
+        "http://169.254.169.254/latest/meta-data",
+        "http://127.0.0.1:8000/",
+        "ftp://hooks.example.com/",
+        "http://localhost/",
+    ):
+        response = admin_client.post(url, channel_form(channel, options=f'{{"url": "{bad}"}}'))
+        assert response.status_code == 200, bad
+        assert response.context["adminform"].form.errors["options"], bad
+    channel.refresh_from_db()
+    assert channel.options == {"url": "https://hooks.example.com/x"}
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    response = admin_client.post(url, channel_form(channel, options='{"url": "http://127.0.0.1:8000/hook"}'))
+    assert response.status_code == 302
+    channel.refresh_from_db()
+    assert channel.options == {"url": "http://127.0.0.1:8000/hook"}
+    response = admin_client.post(
+        url, channel_form(channel, options='{"url": "https://elsewhere.example.org/"}')
+    )
+    assert "not in WEBHOOK_ALLOWED_HOSTS" in str(response.context["adminform"].form.errors)
+
+
+def test_channel_limits_are_validated(admin_client: Client) -> None:
+    channel = ChannelFactory(key="email")
+    url = reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk])
+    response = admin_client.post(url, channel_form(channel, backoff_base_seconds=600, backoff_cap_seconds=60))
+    assert response.status_code == 200
+    assert "backoff_cap_seconds" in response.context["adminform"].form.errors
+    response = admin_client.post(url, channel_form(channel, provider_key="no-such-provider"))
+    assert "provider_key" in response.context["adminform"].form.errors
+
+
+def test_provider_secret_is_write_only(admin_client: Client) -> None:
+    channel = ChannelFactory(
+        key="webhook",
+        provider_key="webhook",
+        options={"url": "https://hooks.example.com/x", "secret": "s3cr3t-value"},
+    )
+    url = reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk])
+    assert b"s3cr3t-value" not in admin_client.get(url).content
+    listing = admin_client.get(reverse("admin:notifications_retry_channelconfig_changelist")).content
+    assert b"s3cr3t-value" not in listing and b"(set)" in listing
+    options = '{"url": "https://hooks.example.com/y"}'
+    assert admin_client.post(url, channel_form(channel, options=options)).status_code == 302
+    channel.refresh_from_db()
+    assert channel.options == {"url": "https://hooks.example.com/y", "secret": "s3cr3t-value"}  # kept
+    assert admin_client.post(url, channel_form(channel, options=options, secret="n3w")).status_code == 302
+    channel.refresh_from_db()
+    assert channel.options["secret"] == "n3w"
+    refused = admin_client.post(
+        url, channel_form(channel, options='{"url": "https://a.example.com", "secret": "x"}')
+    )
+    assert refused.status_code == 200 and "options" in refused.context["adminform"].form.errors
+    assert (
+        admin_client.post(url, channel_form(channel, options=options, clear_secret="on")).status_code == 302
+    )
+    channel.refresh_from_db()
+    assert "secret" not in channel.options
+
+
+# --- outbox, dashboard ---------------------------------------------------------------------------------
+
+
+def test_outbox_is_read_only_with_published_filter(admin_client: Client) -> None:
+    row = dead_letter()
+    pending = outbox_event(row)
+    published = outbox_event(NotificationFactory(status="sent"), published=True)
+    url = reverse("admin:notifications_retry_outbox_changelist")
+    assert ids_in(admin_client.get(url + "?published=no")) == {str(pending.pk)}
+    assert ids_in(admin_client.get(url + "?published=yes")) == {str(published.pk)}
+    assert ids_in(admin_client.get(url, {"q": str(row.pk)})) == {str(pending.pk)}
+    detail = admin_client.get(reverse("admin:notifications_retry_outbox_change", args=[pending.pk]))
+    assert detail.status_code == 200 and b'name="_save"' not in detail.content
+    assert b"&quot;status&quot;: &quot;Failed&quot;" in detail.content
+    assert admin_client.get(reverse("admin:notifications_retry_outbox_add")).status_code == 403
+
+
+def test_dashboard_counts_chart_and_links(admin_client: Client) -> None:
+    now = timezone.now()
+    dead_letter(error_kind="http_4xx")
+    dead_letter(error_kind="http_4xx")
+    dead_letter(error_kind="invalid_address", dead_lettered_at=now - timedelta(days=2))
+    NotificationFactory(status="failed", attempts=1, next_attempt_at=now - timedelta(minutes=3))
+    NotificationFactory(status="sent")
+    for i in range(30):
+        BacklogSample.objects.create(
+            taken_at=now - timedelta(minutes=40 * i),
+            due_backlog=i % 7,
+            failed_backlog=i % 3,
+            dead_letters_unresolved=3,
+        )
+    WorkerHeartbeat.objects.create(lane="default", hostname="w1", pid=7, last_tick_completed_at=now)
+    response = admin_client.get(reverse(DASHBOARD))
+    assert response.status_code == 200
+    ctx = response.context
+    assert ctx["backlog"].due == 1 and ctx["backlog"].dead_letters_unresolved == 3
+    assert ctx["terminal_total"] == 2 and ctx["terminal"][0]["error_kind"] == "http_4xx"
+    html = response.content.decode()
+    assert "<svg" in html and html.count("<polyline") == 3
+    assert "?dead_letter=unresolved" in html and "queue=due" in html
+    assert ctx["chart"].samples == 30
+    # every link into the list opens a working filtered list
+    for link in (
+        ctx["links"]["dead_unresolved"],
+        ctx["links"]["due"],
+        ctx["terminal"][0]["url"],
+        ctx["breakdown"][0]["url"],
+    ):
+        assert admin_client.get(link).status_code == 200, link
+    assert len(ids_in(admin_client.get(ctx["terminal"][0]["url"]))) == 2
+
+
+def test_dashboard_without_samples_says_so(admin_client: Client) -> None:
+    response = admin_client.get(reverse(DASHBOARD))
+    assert response.status_code == 200
+    assert b"No backlog samples in the last 24 hours" in response.content
+
+
+def test_backlog_chart_buckets_and_scales() -> None:
+    end = timezone.now()
+    start = end - timedelta(hours=24)
+    samples = [
+        BacklogSample(
+            taken_at=start + timedelta(minutes=i),
+            due_backlog=i % 50,
+            failed_backlog=0,
+            dead_letters_unresolved=0,
+        )
+        for i in range(1440)
+    ]
+    chart = backlog_chart(samples, start, end, max_points=100)
+    due = chart.series[0]["points"].split()
+    assert len(due) <= 100 and chart.peak == 49 and chart.samples == 1440
+    xs = [float(p.split(",")[0]) for p in due]
+    assert xs == sorted(xs) and chart.left <= xs[0] and xs[-1] <= chart.left + chart.plot_width
+    assert [t["label"] for t in chart.x_ticks] == ["-24h", "-18h", "-12h", "-6h", "now"]
+    assert format_age(59) == "59s" and format_age(3700) == "1h 1m" and format_age(90000) == "1d 1h"
