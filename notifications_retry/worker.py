@@ -312,7 +312,7 @@ class Worker:
                     rt.breaker.started()
                     if rt.inline:
                         results.append(self._send(rt, record))
-                        self._account(rt, results[-1], bound)
+                        self._account(rt, results[-1], results, bound)
                     else:
                         rt.inflight += 1
                         future = self._executor().submit(self._send, rt, record)
@@ -324,7 +324,7 @@ class Worker:
                     record, rt, _ = inflight.pop(future)
                     rt.inflight -= 1
                     results.append(future.result())
-                    self._account(rt, results[-1], bound)
+                    self._account(rt, results[-1], results, bound)
                 self._abandon_hung(inflight, results, bound)
             queued = any(rt.queue for rt in runtimes.values())
             idle = not inflight and not queued
@@ -352,6 +352,7 @@ class Worker:
         # Settled-in-claim rows were committed with the claim: account for them now.
         for outcome in batch.settled:
             rt = runtimes[outcome.record.channel_id]
+            got[rt.config.pk] = got.get(rt.config.pk, 0) + 1
             self._record_final(outcome, rt, stats, bound)
         if len(batch.records) + len(batch.settled) < remaining:
             for p in plan:
@@ -404,7 +405,7 @@ class Worker:
         return Outcome(record, RETRY, error_kind=kind, error=error, next_attempt_at=when, duration_ms=duration,
                        retry_after=retry_after, retriable=True)
 
-    def _account(self, rt: ChannelRuntime, outcome: Outcome, bound: Any) -> None:
+    def _account(self, rt: ChannelRuntime, outcome: Outcome, results: list[Outcome], bound: Any) -> None:
         """Feed the outcome to the channel's flow control (throttling pauses, circuit breaker)."""
         now_mono = time.monotonic()
         if outcome.result == SENT:
@@ -414,7 +415,14 @@ class Worker:
             rt.paused_until = max(rt.paused_until, now_mono + pause)
             changed = None
             rt.breaker.neutral()
-            bound.warning("channel-throttled", channel=rt.config.key, pause_s=round(pause, 3))
+            bound.warning("channel-throttled", channel=rt.config.key, pause_s=round(pause, 3),
+                          deferred=len(rt.queue))
+            # The provider asked the whole channel to wait: records already claimed for it are not sent
+            # before Retry-After; they are rescheduled like the throttled one (the attempt stays counted).
+            while rt.queue:
+                record = rt.queue.popleft()
+                results.append(self._failure(rt, record, True, "throttled",
+                                             "channel throttled by the provider; not sent", pause, now_mono))
         elif outcome.retriable:
             changed = rt.breaker.failure(now_mono)
         else:
@@ -436,7 +444,7 @@ class Worker:
                                         f"provider did not return within {rt.config.timeout_seconds:g}s",
                                         None, started)
                 results.append(outcome)
-                self._account(rt, outcome, bound)
+                self._account(rt, outcome, results, bound)
 
     def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
         now_mono = time.monotonic()

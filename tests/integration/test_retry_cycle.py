@@ -244,3 +244,24 @@ def test_fixed_backoff_and_retry_after_floor(clock):
     # The stub throttles with Retry-After 60 s, above the fixed 10 s backoff.
     assert (record.next_attempt_at - clock.now()).total_seconds() == pytest.approx(60, abs=0.01)
     assert record.error_kind == "throttled"
+
+
+def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_server):
+    from tests.support.http_server import Reply
+
+    webhook_server.responder = lambda r: Reply(429, headers={"Retry-After": "120"})
+    channel = ChannelFactory(key="webhook", provider_key="webhook", options={"url": webhook_server.url},
+                             max_concurrency=1, max_attempts=5)
+    records = [failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i)) for i in range(3)]
+    stats = make_worker(clock).tick()
+    assert len(webhook_server.requests) == 1
+    # Two were claimed (one call in flight, one queued behind it): both wait for Retry-After.
+    assert stats.retried == 2
+    oldest_first = sorted(records, key=lambda r: r.next_attempt_at)
+    for record in oldest_first[:2]:
+        record.refresh_from_db()
+        assert record.error_kind == "throttled"
+        assert record.next_attempt_at >= clock.now() + timedelta(seconds=120)
+    untouched = oldest_first[2]
+    untouched.refresh_from_db()
+    assert untouched.attempts == 1 and untouched.error_kind == ""
