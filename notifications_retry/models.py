@@ -71,7 +71,8 @@ class ChannelConfig(models.Model):
             check_constraint(Q(max_concurrency__gte=1), "nr_channel_concurrency_gte_1"),
             check_constraint(Q(backoff_base_seconds__gte=1), "nr_channel_backoff_base_gte_1"),
             check_constraint(
-                Q(backoff_cap_seconds__gte=models.F("backoff_base_seconds")), "nr_channel_backoff_cap_gte_base"
+                Q(backoff_cap_seconds__gte=models.F("backoff_base_seconds")),
+                "nr_channel_backoff_cap_gte_base",
             ),
             check_constraint(
                 Q(rate_limit_per_second__isnull=True) | Q(rate_limit_per_second__gt=0),
@@ -147,6 +148,54 @@ DUE_AT_SQL = """
 """
 
 
+# A requeue is one step up, of a dead letter, with its DeadLetterAction row written first.
+REQUEUE_AUDITED_SQL = """
+    IF NEW.requeue_count <> OLD.requeue_count + 1 THEN
+        RAISE EXCEPTION 'requeue must be audited: requeue_count moves by one (notification %: % -> %)',
+            OLD.id, OLD.requeue_count, NEW.requeue_count USING ERRCODE = 'check_violation';
+    END IF;
+    IF OLD.dead_lettered_at IS NULL THEN
+        RAISE EXCEPTION 'requeue must be audited: notification % is not a dead letter', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF (SELECT count(*) FROM notifications_retry_deadletteraction a
+        WHERE a.notification_id = NEW.id AND a.action = 'requeue') < NEW.requeue_count THEN
+        RAISE EXCEPTION 'requeue must be audited: no DeadLetterAction row for requeue % of notification %',
+            NEW.requeue_count, OLD.id USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+"""
+
+# An event exists only for an outcome the notification row holds now: Sent, or terminal Failed
+# (dead-lettered), of the current generation; and it starts unpublished so the relay sees it.
+OUTBOX_MATCHES_OUTCOME_SQL = """
+        IF NEW.published_at IS NOT NULL THEN
+            RAISE EXCEPTION 'outbox event % must be inserted unpublished', NEW.event_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.topic <> 'pin.notifications.dispatched.v1' THEN
+            RETURN NEW;
+        END IF;
+        IF NEW.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+           OR NEW.payload->>'notification_id' IS DISTINCT FROM NEW.key THEN
+            RAISE EXCEPTION 'outbox event %: key % must be the NotificationId of its payload',
+                NEW.event_id, NEW.key USING ERRCODE = 'check_violation';
+        END IF;
+        SELECT n.status, n.dead_lettered_at, n.requeue_count INTO n_status, n_dead, n_generation
+        FROM notifications_retry_notificationentity n WHERE n.id = NEW.key::uuid;
+        IF NOT FOUND OR n_generation <> NEW.generation OR NOT (
+            (n_status = 'sent' AND NEW.payload->>'status' = 'Sent')
+            OR (n_status = 'failed' AND n_dead IS NOT NULL AND NEW.payload->>'status' = 'Failed')
+        ) THEN
+            RAISE EXCEPTION 'dispatched events only on Sent and terminal Failed: event % (% gen %) %',
+                NEW.event_id, NEW.payload->>'status', NEW.generation,
+                format('does not match notification %s (%s, dead letter %s, gen %s)', NEW.key, n_status,
+                       n_dead IS NOT NULL, n_generation) USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+"""
+
+
 class NotificationEntity(models.Model):
     """One notification to one recipient on one channel; its row is the retry checkpoint."""
 
@@ -183,7 +232,8 @@ class NotificationEntity(models.Model):
                                   help_text="Maintained by a trigger: when the worker may take the row.")
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
-    provider_message_id = models.CharField(max_length=255, null=True, blank=True)
+    # NULL (no id from the provider) is kept apart from "", and finalize COALESCEs on it.
+    provider_message_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     last_error = models.TextField(blank=True, default="")
     error_kind = models.CharField(max_length=64, blank=True, default="")
     attempt_log = models.JSONField(default=list, blank=True, editable=False)
@@ -219,6 +269,12 @@ class NotificationEntity(models.Model):
             check_constraint(Q(status__in=["pending", "sent", "failed"]), "nr_notification_status_valid"),
             check_constraint(
                 Q(dead_lettered_at__isnull=True) | Q(status="failed"), "nr_dead_letter_is_failed"
+            ),
+            check_constraint(
+                Q(resolution="") | Q(dead_lettered_at__isnull=False), "nr_resolution_needs_dead_letter"
+            ),
+            check_constraint(
+                Q(resolution__in=["", "discarded", "unresolvable"]), "nr_resolution_valid"
             ),
         ]
         triggers = [
@@ -256,6 +312,47 @@ class NotificationEntity(models.Model):
                     "RETURN NULL;"
                 ),
             ),
+            pgtrigger.Trigger(
+                name="nr_sent_is_final",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                # Recipient and payload stay editable (redaction); the delivery outcome does not.
+                condition=pgtrigger.Condition(
+                    "OLD.status = 'sent' AND "
+                    "(OLD.attempts, OLD.requeue_count, OLD.provider_message_id, OLD.next_attempt_at, "
+                    "OLD.claim_token, OLD.claim_expires_at, OLD.dead_lettered_at, OLD.resolution, "
+                    "OLD.error_kind) "
+                    "IS DISTINCT FROM "
+                    "(NEW.attempts, NEW.requeue_count, NEW.provider_message_id, NEW.next_attempt_at, "
+                    "NEW.claim_token, NEW.claim_expires_at, NEW.dead_lettered_at, NEW.resolution, "
+                    "NEW.error_kind)"
+                ),
+                func=(
+                    "RAISE EXCEPTION 'INV-NTF-5: notification % is Sent, which is final: its delivery state "
+                    "cannot change', OLD.id USING ERRCODE = 'check_violation'; RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="nr_dead_letter_terminal",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "OLD.dead_lettered_at IS NOT NULL AND "
+                    "NEW.dead_lettered_at IS DISTINCT FROM OLD.dead_lettered_at AND "
+                    "NEW.requeue_count = OLD.requeue_count"
+                ),
+                func=(
+                    "RAISE EXCEPTION 'notification % is a dead letter: it leaves the dead-letter state only "
+                    "through an audited requeue', OLD.id USING ERRCODE = 'check_violation'; RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="nr_requeue_audited",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition("NEW.requeue_count IS DISTINCT FROM OLD.requeue_count"),
+                func=REQUEUE_AUDITED_SQL,
+            ),
         ]
 
     def __str__(self) -> str:
@@ -285,14 +382,25 @@ class Outbox(models.Model):
         verbose_name = "outbox event"
         verbose_name_plural = "outbox"
         constraints = [
-            models.UniqueConstraint(fields=["topic", "key", "generation"], name="nr_outbox_one_event_per_outcome"),
+            models.UniqueConstraint(
+                fields=["topic", "key", "generation"], name="nr_outbox_one_event_per_outcome"
+            ),
         ]
         indexes = [
-            models.Index(fields=["id"], name="nr_outbox_unpublished_idx", condition=Q(published_at__isnull=True)),
+            models.Index(
+                fields=["id"], name="nr_outbox_unpublished_idx", condition=Q(published_at__isnull=True)
+            ),
             models.Index(fields=["published_at"], name="nr_outbox_published_idx",
                          condition=Q(published_at__isnull=False)),
         ]
         triggers = [
+            pgtrigger.Trigger(
+                name="nr_outbox_matches_outcome",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert,
+                declare=[("n_status", "text"), ("n_dead", "timestamptz"), ("n_generation", "integer")],
+                func=OUTBOX_MATCHES_OUTCOME_SQL,
+            ),
             pgtrigger.Trigger(
                 name="nr_outbox_immutable",
                 when=pgtrigger.Before,
