@@ -1,14 +1,24 @@
-"""``manage.py retry_worker``: parse options, run the worker. No SQL, no HTTP here."""
+"""``manage.py retry_worker``: parse options, run the worker. No SQL, no HTTP here.
+
+``--metrics-port`` serves Prometheus metrics from this process (never started by importing the app);
+``--check`` is a liveness probe: exit 1 when the lane's last completed tick is too old.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from typing import Any
 
+import structlog
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from notifications_retry import metrics
 from notifications_retry.conf import get_settings
+from notifications_retry.health_check import check_liveness
 from notifications_retry.worker import run_worker
+
+log = structlog.get_logger("notifications_retry.command")
 
 
 def _positive_int(value: str) -> int:
@@ -41,6 +51,25 @@ def _non_negative_float(value: str) -> float:
     return number
 
 
+def _port(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {number}")
+    return number
+
+
+def _ip_address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an IP address such as 127.0.0.1 or 0.0.0.0, got {value!r}"
+        ) from None
+
+
 class Command(BaseCommand):
     help = "Re-send due Failed notifications and send due deferred ones (one tick with --once, else a loop)."
 
@@ -56,10 +85,55 @@ class Command(BaseCommand):
                                  f"{conf.MAX_DURATION_SECONDS:g}).")
         parser.add_argument("--lane", default=None,
                             help="Run one lane of NOTIFICATIONS_RETRY['LANES'] with its own lock.")
+        parser.add_argument("--metrics-port", type=_port, default=None,
+                            help="Serve Prometheus metrics on this port (default: METRICS_PORT, or none; "
+                                 "0 picks a free port, logged as metrics-exporter-started).")
+        parser.add_argument("--metrics-addr", type=_ip_address, default="127.0.0.1",
+                            help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 in a "
+                                 "container scraped from outside).")
+        parser.add_argument("--check", action="store_true",
+                            help="Liveness probe: exit 0 when the lane's last completed tick is recent "
+                                 "enough, 1 otherwise. Runs no tick.")
+        parser.add_argument("--max-age", type=_positive_float, default=None,
+                            help=f"With --check: seconds after which the last completed tick is too old "
+                                 f"(default HEARTBEAT_MAX_AGE_SECONDS, {conf.HEARTBEAT_MAX_AGE_SECONDS:g}).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["check"]:
+            self._check(options)
+            return
+        if options["max_age"] is not None:
+            raise CommandError("--max-age only applies to --check", returncode=2)
+        port = options["metrics_port"] if options["metrics_port"] is not None else get_settings().METRICS_PORT
+        if port is not None:
+            self._serve_metrics(options["metrics_addr"], port)
         try:
             run_worker(once=options["once"], batch_size=options["batch_size"],
-                       max_duration=options["max_duration"], interval=options["interval"], lane=options["lane"])
+                       max_duration=options["max_duration"], interval=options["interval"],
+                       lane=options["lane"])
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from exc
+
+    def _check(self, options: dict[str, Any]) -> None:
+        conflicting = [f"--{name.replace('_', '-')}" for name in
+                       ("once", "interval", "batch_size", "max_duration", "metrics_port")
+                       if options[name] not in (None, False)]
+        if conflicting:
+            raise CommandError(f"--check runs no tick; it cannot be combined with {', '.join(conflicting)}",
+                               returncode=2)
+        lane = options["lane"]
+        if lane and lane != "default" and lane not in get_settings().LANES:
+            raise CommandError(f"unknown lane {lane!r}; configured lanes: "
+                               f"{sorted(get_settings().LANES) or 'none'}", returncode=2)
+        verdict = check_liveness(lane=lane, max_age=options["max_age"])
+        if not verdict.healthy:
+            raise CommandError(verdict.describe(), returncode=1)
+        self.stdout.write(verdict.describe())
+
+    def _serve_metrics(self, addr: str, port: int) -> None:
+        try:
+            bound = metrics.start_exporter(port, addr)
+        except OSError as exc:
+            raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}",
+                               returncode=2) from exc
+        log.info("metrics-exporter-started", addr=addr, port=bound)

@@ -1,0 +1,62 @@
+"""Liveness of the retry worker: is a lane still completing ticks? (``retry_worker --check``.)
+
+The worker writes ``WorkerHeartbeat.last_tick_completed_at`` at the end of every tick it owns, with the
+same clock it uses for due decisions (the database's by default); this check reads it with that clock
+too, so a skewed host clock cannot make a healthy worker look dead or the other way round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+from django.db import DatabaseError
+
+from .clock import Clock, default_clock
+from .conf import get_settings
+from .models import WorkerHeartbeat
+
+__all__ = ["Liveness", "check_liveness"]
+
+DEFAULT_LANE = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class Liveness:
+    """The verdict for one lane, with the figures behind it."""
+
+    lane: str
+    healthy: bool
+    reason: str
+    max_age_seconds: float
+    last_completed_at: datetime | None = None
+    age_seconds: float | None = None
+
+    def describe(self) -> str:
+        """One line for a probe's output."""
+        state = "healthy" if self.healthy else "unhealthy"
+        return f"{state}: lane {self.lane!r}: {self.reason}"
+
+
+def check_liveness(lane: str | None = None, max_age: float | None = None,
+                   clock: Clock | None = None) -> Liveness:
+    """Unhealthy when the lane never completed a tick, or its last completed tick is older than
+    ``max_age`` seconds (default ``HEARTBEAT_MAX_AGE_SECONDS``), or the database cannot be read."""
+    conf = get_settings()
+    lane = lane or DEFAULT_LANE
+    limit = float(max_age if max_age is not None else conf.HEARTBEAT_MAX_AGE_SECONDS)
+    try:
+        clock = clock or default_clock(conf.CLOCK)
+        now = clock.now()
+        beat = WorkerHeartbeat.objects.filter(lane=lane).first()
+    except DatabaseError as exc:
+        return Liveness(lane, False, f"cannot read the heartbeat: {exc.__class__.__name__}: {exc}".strip(),
+                        limit)
+    if beat is None or beat.last_tick_completed_at is None:
+        return Liveness(lane, False, "no tick has completed yet", limit)
+    age = (now - beat.last_tick_completed_at).total_seconds()
+    if age > limit:
+        return Liveness(lane, False, f"last tick completed {age:.0f}s ago (max {limit:g}s, host "
+                        f"{beat.hostname or '?'} pid {beat.pid})", limit, beat.last_tick_completed_at, age)
+    return Liveness(lane, True, f"last tick completed {max(age, 0):.0f}s ago (max {limit:g}s)", limit,
+                    beat.last_tick_completed_at, age)
