@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import pgtrigger
 from django.db import DatabaseError, connection, transaction
 
 from . import events
@@ -319,6 +320,32 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
             if connection.connection is not None and connection.is_usable() is False:
                 connection.close()
     return report
+
+
+_RELEASE = f"""
+UPDATE {_TABLE} t
+SET attempts = t.attempts - 1, claim_token = NULL, claim_expires_at = NULL
+FROM unnest(%s::uuid[], %s::uuid[]) AS v(id, token)
+WHERE t.id = v.id AND t.claim_token = v.token
+"""
+
+#: Giving back an attempt that never started is not a requeue: the only trigger it must pass by.
+_ATTEMPTS_TRIGGER = "notifications_retry.NotificationEntity:nr_attempts_monotonic"
+
+
+def release(records: Sequence[ClaimedRecord]) -> int:
+    """Give back leased records that were never sent (a graceful stop): as they were before the claim.
+
+    Their lease would otherwise strand them until it expires and spend an attempt no provider saw.
+    Returns how many rows were released (a lease already taken over is left alone).
+    """
+    records = [r for r in records if r.claim_token is not None]
+    if not records:
+        return 0
+    with transaction.atomic(), pgtrigger.ignore(_ATTEMPTS_TRIGGER), connection.cursor() as cursor:
+        # Positional parameters: pgtrigger.ignore prefixes the statement with its own.
+        cursor.execute(_RELEASE, [[r.id for r in records], [r.claim_token for r in records]])
+        return cursor.rowcount
 
 
 def _sort(report: FinalizeReport, outcomes: Sequence[Outcome], applied: Sequence[Outcome]) -> None:

@@ -37,6 +37,7 @@ from .delivery import (
     attempt_budget,
     claim_due,
     finalize,
+    release,
 )
 from .exceptions import ProviderError
 from .flow_control import CircuitBreaker, RateLimiter
@@ -289,6 +290,8 @@ class Worker:
                 claiming = False
                 stats.stopped = self.stopping
                 stats.deadline_reached = now_mono >= deadline
+            if self.stopping and any(rt.queue for rt in runtimes.values()):
+                self._release_queued(runtimes, bound)
             if claiming:
                 plan = [
                     ChannelClaim(cid, rt.capacity(now_mono, self.conf), rt.lease_seconds(self.conf))
@@ -358,6 +361,14 @@ class Worker:
             for p in plan:
                 if got.get(p.channel_id, 0) < p.limit:
                     runtimes[p.channel_id].exhausted = True
+
+    def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any) -> None:
+        """On a stop, give back claimed records not started yet: only the calls in flight are finished."""
+        queued = [record for rt in runtimes.values() for record in rt.queue]
+        for rt in runtimes.values():
+            rt.queue.clear()
+        released = release(queued)
+        bound.info("records-released", count=released, reason="stop requested before they were sent")
 
     def _send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         """Send one record in its own span, parented to the tick's span even from a pool thread."""
