@@ -1,15 +1,25 @@
-"""The ``pin.notifications.dispatched.v1`` event: its payload is built here and nowhere else."""
+"""The ``pin.notifications.dispatched.v1`` event: its payload is built here and nowhere else.
+
+Two shapes, both here: the ``payload`` stored in an outbox row (built once, at the outcome), and the
+``envelope`` the relay publishes (event id, topic, key, contract version, generation, payload). The
+JSON Schema ``schemas/notification_dispatched.v1.json`` describes the envelope.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from datetime import datetime
+from importlib import resources
 from typing import Any
 
 from .models import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
 
 SENT = "Sent"
 FAILED = "Failed"
+
+SCHEMA_RESOURCE = "schemas/notification_dispatched.v1.json"
 
 
 def dispatched_payload(
@@ -53,3 +63,24 @@ def dispatched_event(*, generation: int, created_at: datetime, **payload_fields:
         payload=payload,
         created_at=created_at,
     )
+
+
+def envelope(event: Outbox) -> dict[str, Any]:
+    """The event as published: what consumers receive and the schema describes."""
+    return {
+        "event_id": str(event.event_id),
+        "topic": event.topic,
+        "key": event.key,
+        "contract_version": event.contract_version,
+        "generation": event.generation,
+        "created_at": event.created_at.isoformat(),
+        "payload": event.payload,
+    }
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the published event, read from the package data."""
+    text = resources.files("notifications_retry").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
