@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,14 @@ class Reply:
 
 
 Responder = Callable[[RecordedRequest], Reply]
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that goes away (a killed worker, an abandoned call) is expected, not an error to print."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class ScriptedServer:
@@ -87,7 +96,7 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
