@@ -1,0 +1,131 @@
+"""Liveness: a lane whose last completed tick is older than the threshold is unhealthy."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from notifications_retry.health_check import check_liveness
+from notifications_retry.models import WorkerHeartbeat
+from notifications_retry.worker import Worker
+from tests.factories import ChannelFactory
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def beat(completed_at, lane="default"):
+    return WorkerHeartbeat.objects.create(lane=lane, last_tick_completed_at=completed_at)
+
+
+@pytest.mark.django_db
+def test_no_heartbeat_is_unhealthy(clock):
+    verdict = check_liveness(clock=clock)
+    assert not verdict.healthy
+    assert verdict.reason == "no tick has completed yet"
+
+
+@pytest.mark.django_db
+def test_a_started_but_never_completed_tick_is_unhealthy(clock):
+    WorkerHeartbeat.objects.create(lane="default", last_tick_started_at=clock.now())
+    assert not check_liveness(clock=clock).healthy
+
+
+@pytest.mark.django_db
+def test_a_tick_makes_the_lane_healthy_until_the_threshold_passes(clock):
+    ChannelFactory(key="in_app")
+    Worker(clock=clock, rng=random.Random(1)).tick()
+    fresh = check_liveness(clock=clock, max_age=120)
+    assert fresh.healthy, fresh.describe()
+    assert fresh.last_completed_at == clock.now()
+
+    clock.advance(120)
+    assert check_liveness(clock=clock, max_age=120).healthy  # exactly at the threshold: still alive
+    clock.advance(1)
+    stale = check_liveness(clock=clock, max_age=120)
+    assert not stale.healthy
+    assert stale.age_seconds == 121
+    assert "last tick completed 121s ago (max 120s" in stale.describe()
+
+
+@pytest.mark.django_db
+def test_default_threshold_is_the_heartbeat_setting(clock):
+    beat(clock.now() - timedelta(seconds=100))
+    with override_settings(NOTIFICATIONS_RETRY={"HEARTBEAT_MAX_AGE_SECONDS": 90}):
+        assert not check_liveness(clock=clock).healthy
+    with override_settings(NOTIFICATIONS_RETRY={"HEARTBEAT_MAX_AGE_SECONDS": 110}):
+        assert check_liveness(clock=clock).healthy
+
+
+@pytest.mark.django_db
+def test_lanes_are_checked_separately(clock):
+    WorkerHeartbeat.objects.create(lane="default", last_tick_completed_at=clock.now())
+    WorkerHeartbeat.objects.create(lane="bulk", last_tick_completed_at=clock.now() - timedelta(hours=1))
+    assert check_liveness("default", clock=clock).healthy
+    assert not check_liveness("bulk", clock=clock).healthy
+
+
+@pytest.mark.django_db
+def test_check_command_reports_healthy_on_stdout():
+    WorkerHeartbeat.objects.create(lane="default", last_tick_completed_at=timezone.now())
+    out = io.StringIO()
+    call_command("retry_worker", "--check", stdout=out)
+    assert out.getvalue().startswith("healthy: lane 'default'")
+
+
+@pytest.mark.django_db
+def test_check_command_fails_with_status_1_when_stale():
+    beat(timezone.now() - timedelta(minutes=10))
+    with pytest.raises(CommandError) as excinfo:
+        call_command("retry_worker", "--check")
+    assert excinfo.value.returncode == 1
+    assert "unhealthy: lane 'default'" in str(excinfo.value)
+    call_command("retry_worker", "--check", "--max-age", "3600", stdout=io.StringIO())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-age", "30"], "--max-age only applies to --check"),
+    (["--check", "--once"], "cannot be combined with --once"),
+    (["--check", "--lane", "nope"], "unknown lane 'nope'"),
+])
+def test_check_misuse_is_a_usage_error(args, message):
+    with pytest.raises(CommandError) as excinfo:
+        call_command("retry_worker", *args)
+    assert excinfo.value.returncode == 2
+    assert message in str(excinfo.value)
+
+
+def _check_process(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update({
+        "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
+        "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    })
+    return subprocess.run([sys.executable, "manage.py", "retry_worker", "--check", *args], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.process
+@pytest.mark.django_db(transaction=True)
+def test_probe_exit_status_as_a_liveness_probe_sees_it():
+    assert _check_process().returncode == 1  # no tick ever completed
+    beat(timezone.now() - timedelta(seconds=30))
+    healthy = _check_process("--max-age", "60")
+    assert healthy.returncode == 0, healthy.stderr
+    stale = _check_process("--max-age", "10")
+    assert stale.returncode == 1
+    assert "unhealthy" in stale.stderr
+    assert _check_process("--max-age", "-1").returncode == 2
