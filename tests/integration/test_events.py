@@ -102,8 +102,11 @@ def test_terminal_failed_events_match_the_schema(clock, options, attempts, error
 
 def test_expired_deadline_and_spent_budget_events_match_the_schema(clock):
     channel = ChannelFactory(key="in_app", max_attempts=3)
-    expired = NotificationFactory(channel=channel, scheduled_at=clock.now() - timedelta(minutes=1),
-                                  expires_at=clock.now() - timedelta(seconds=1))
+    expired = NotificationFactory(
+        channel=channel,
+        scheduled_at=clock.now() - timedelta(minutes=1),
+        expires_at=clock.now() - timedelta(seconds=1),
+    )
     spent = failed_due(clock, channel, attempts=3)
     make_worker(clock).tick()
     (expired_event,) = validated_events(expired.pk)
@@ -175,8 +178,11 @@ def test_a_second_event_for_the_same_outcome_is_refused_by_the_database(clock):
     record = failed_due(clock, ChannelFactory(key="in_app"))
     make_worker(clock).tick()
     (event,) = Outbox.objects.all()
-    with pytest.raises(IntegrityError, match="nr_outbox_one_event_per_outcome"), transaction.atomic(), \
-            connection.cursor() as cursor:
+    with (
+        pytest.raises(IntegrityError, match="nr_outbox_one_event_per_outcome"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
         cursor.execute(
             "INSERT INTO notifications_retry_outbox (event_id, topic, key, contract_version, generation, "
             "payload, created_at) VALUES (%s, %s, %s, 1, 0, %s::jsonb, now())",
@@ -192,8 +198,9 @@ def test_a_late_finalize_of_the_same_outcome_writes_no_second_event(clock):
 
     channel = ChannelFactory(key="in_app")
     record = failed_due(clock, channel)
-    batch = claim_due(clock.now(), [ChannelClaim(channel.pk, 10, 60)], total=10,
-                      budgets={channel.pk: (3, "in_app")})
+    batch = claim_due(
+        clock.now(), [ChannelClaim(channel.pk, 10, 60)], total=10, budgets={channel.pk: (3, "in_app")}
+    )
     (claimed,) = batch.records
     outcome = Outcome(claimed, SENT, provider_message_id="p-1")
     assert len(finalize([outcome], clock.now()).applied) == 1
@@ -214,8 +221,14 @@ def test_an_event_that_matches_no_final_outcome_is_refused(status, fields, paylo
     record = NotificationFactory(channel=ChannelFactory(key="in_app"), status=status, **fields)
     with pytest.raises(Exception, match="only on Sent and terminal Failed"), transaction.atomic():
         events.dispatched_event(
-            generation=0, created_at=record.created_at, notification_id=record.pk, tenant_id=None,
-            channel="in_app", status=payload_status, attempts=1, provider_message_id=None,
+            generation=0,
+            created_at=record.created_at,
+            notification_id=record.pk,
+            tenant_id=None,
+            channel="in_app",
+            status=payload_status,
+            attempts=1,
+            provider_message_id=None,
             error="x" if payload_status == "Failed" else None,
             error_kind="x" if payload_status == "Failed" else None,
         ).save(force_insert=True)
@@ -227,8 +240,16 @@ def test_an_event_of_another_generation_or_inserted_published_is_refused():
 
     def event(generation):
         return events.dispatched_event(
-            generation=generation, created_at=record.created_at, notification_id=record.pk, tenant_id=None,
-            channel="in_app", status="Sent", attempts=1, provider_message_id="p", error=None, error_kind=None,
+            generation=generation,
+            created_at=record.created_at,
+            notification_id=record.pk,
+            tenant_id=None,
+            channel="in_app",
+            status="Sent",
+            attempts=1,
+            provider_message_id="p",
+            error=None,
+            error_kind=None,
         )
 
     with pytest.raises(Exception, match="only on Sent and terminal Failed"), transaction.atomic():
@@ -245,8 +266,14 @@ def test_an_event_of_another_generation_or_inserted_published_is_refused():
 def test_payload_refuses_a_status_other_than_sent_or_failed():
     with pytest.raises(ValueError, match="Sent or Failed"):
         events.dispatched_payload(
-            notification_id=uuid.uuid4(), tenant_id=None, channel="in_app", status="Pending", attempts=0,
-            provider_message_id=None, error=None, error_kind=None,
+            notification_id=uuid.uuid4(),
+            tenant_id=None,
+            channel="in_app",
+            status="Pending",
+            attempts=0,
+            provider_message_id=None,
+            error=None,
+            error_kind=None,
             occurred_at=NotificationEntity().created_at,
         )
 
