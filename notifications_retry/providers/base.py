@@ -26,7 +26,7 @@ class OutgoingMessage:
 class SendResult:
     """A delivered message; ``provider_message_id`` is what the provider calls it."""
 
-    provider_message_id: str
+    provider_message_id: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,8 @@ class Provider:
 
     key: ClassVar[str] = ""
     #: True for providers that do no I/O: the worker calls them on its own thread, skipping the pool.
-    inline: ClassVar[bool] = False
+    #: An instance may decide for itself (the stub is inline unless told to wait).
+    inline: bool = False
 
     def __init__(self, channel: ChannelSettings) -> None:
         self.channel = channel

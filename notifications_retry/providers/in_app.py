@@ -11,7 +11,7 @@ class InAppProvider(Provider):
     """Delivered by being marked Sent: the monolith's inbox reads Sent in-app rows."""
 
     key: ClassVar[str] = "in_app"
-    inline: ClassVar[bool] = True
+    inline = True
 
     def send(self, message: OutgoingMessage) -> SendResult:
         return SendResult(provider_message_id=f"in_app:{message.notification_id}")

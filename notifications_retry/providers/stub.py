@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
+from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from .base import OutgoingMessage, Provider, SendResult
 
-_FAILURES = {
+_FAILURES: dict[str, Callable[[], ProviderError]] = {
     "retriable": lambda: RetryableProviderError("stub told to fail (retriable)", kind="stub_retriable"),
     "permanent": lambda: PermanentProviderError("stub told to fail (permanent)", kind="stub_permanent"),
     "throttled": lambda: ProviderThrottled("stub told to throttle", retry_after=60.0),
@@ -24,7 +24,7 @@ class StubProvider(Provider):
     """
 
     key: ClassVar[str] = "stub"
-    inline: ClassVar[bool] = True
+    inline = True
 
     def __init__(self, channel: Any) -> None:
         super().__init__(channel)

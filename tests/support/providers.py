@@ -11,7 +11,7 @@ class ExplodingProvider(Provider):
     """A provider with a bug: raises something that is not a ProviderError."""
 
     key: ClassVar[str] = "exploding"
-    inline: ClassVar[bool] = True
+    inline = True
 
     def send(self, message: OutgoingMessage) -> SendResult:
         raise RuntimeError("boom")
