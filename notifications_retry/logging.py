@@ -26,7 +26,7 @@ from structlog.typing import EventDict, WrappedLogger
 
 from .masking import mask_recipient
 
-__all__ = ["MASK", "mask_event_dict", "mask_text", "mask_value", "processors"]
+__all__ = ["MASK", "mask_event_dict", "mask_text", "mask_value", "processors", "redact"]
 
 MASK = "***"
 
@@ -83,6 +83,34 @@ def mask_text(text: str) -> str:
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}", text)
     return _PHONE.sub(_phone_sub, text)
+
+
+def _leaves(value: Any, minimum: int, _depth: int = 0) -> list[str]:
+    if isinstance(value, str):
+        return [value] if len(value.strip()) >= minimum else []
+    if _depth > 8:
+        return []
+    if isinstance(value, Mapping):
+        return [leaf for v in value.values() for leaf in _leaves(v, minimum, _depth + 1)]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [leaf for v in value for leaf in _leaves(v, minimum, _depth + 1)]
+    return []
+
+
+def redact(text: str, recipient: Any = None, payload: Any = None) -> str:
+    """``text`` (a provider's error message, say) without this message's recipient and payload texts.
+
+    Patterns cannot recognise a push token or a sentence of the body inside free text; the caller
+    knows them, so they are cut out by value before the pattern masking of :func:`mask_text`.
+    """
+    if not text:
+        return text
+    if isinstance(recipient, str) and len(recipient.strip()) >= 3:
+        text = text.replace(recipient.strip(), mask_recipient(recipient))
+    # Longest first, so a leaf containing another is removed whole; short leaves ("Hi") stay readable.
+    for leaf in sorted(set(_leaves(payload, 6)), key=len, reverse=True):
+        text = text.replace(leaf, MASK)
+    return mask_text(text)
 
 
 def _normal(key: Any) -> str:

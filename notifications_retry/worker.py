@@ -42,6 +42,7 @@ from .delivery import (
 from .exceptions import ProviderError
 from .flow_control import CircuitBreaker, RateLimiter
 from .locks import AdvisoryLock
+from .logging import redact
 from .models import ChannelConfig, NotificationEntity, WorkerHeartbeat
 from .providers import OutgoingMessage, Provider, get_provider_class
 from .retry import BackoffPolicy, next_attempt_at
@@ -497,7 +498,7 @@ class Worker:
             stats.terminal += 1
             metrics.TERMINAL_FAILED.labels(channel, outcome.error_kind).inc()
             bound.error("item-failed-terminal", outcome="terminal", error_kind=outcome.error_kind,
-                        error=outcome.error[:300], **context)
+                        error=redact(outcome.error, record.recipient, record.payload)[:300], **context)
             terminal_failure.send(sender=Worker, notification_id=record.id, channel=channel,
                                   error_kind=outcome.error_kind, error=outcome.error, attempts=record.attempts)
 
