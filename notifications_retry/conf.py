@@ -44,6 +44,13 @@ class RetrySettings:
     BULK_ACTION_CAP: int = 1000
     METRICS_PORT: int | None = None
     HEARTBEAT_MAX_AGE_SECONDS: float = 180.0
+    # Outbox relay and housekeeping (docs/events.md).
+    OUTBOX_PUBLISHER: str = "log"
+    OUTBOX_PUBLISHER_OPTIONS: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    OUTBOX_RELAY_BATCH_SIZE: int = 100
+    OUTBOX_RELAY_INTERVAL_SECONDS: float = 1.0
+    OUTBOX_RELAY_MAX_BACKOFF_SECONDS: float = 60.0
+    BACKLOG_SAMPLE_RETENTION_HOURS: int = 48
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> RetrySettings:
@@ -138,6 +145,26 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         or not 0 <= conf.METRICS_PORT <= 65535
     ):
         problems.append(f"METRICS_PORT must be a port number or None, got {conf.METRICS_PORT!r}")
+    problems.extend(_outbox_problems(conf))
+    return problems
+
+
+def _outbox_problems(conf: RetrySettings) -> list[str]:
+    problems: list[str] = []
+    for name in ("OUTBOX_RELAY_BATCH_SIZE", "BACKLOG_SAMPLE_RETENTION_HOURS"):
+        value = getattr(conf, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    for name in ("OUTBOX_RELAY_INTERVAL_SECONDS", "OUTBOX_RELAY_MAX_BACKOFF_SECONDS"):
+        value = getattr(conf, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            problems.append(f"{name} must be a positive number, got {value!r}")
+    if not isinstance(conf.OUTBOX_PUBLISHER, str) or not conf.OUTBOX_PUBLISHER:
+        problems.append(
+            f"OUTBOX_PUBLISHER must be 'log', 'http' or a dotted path, got {conf.OUTBOX_PUBLISHER!r}"
+        )
+    if not isinstance(conf.OUTBOX_PUBLISHER_OPTIONS, Mapping):
+        problems.append("OUTBOX_PUBLISHER_OPTIONS must be a mapping (for 'http': {'url': ...})")
     return problems
 
 
