@@ -7,6 +7,7 @@ with an injected clock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import signal
@@ -88,7 +89,8 @@ class ChannelRuntime:
         self.config = config
         self.provider = provider
         self.limiter = RateLimiter(config.rate_limit_per_second)
-        self.breaker = CircuitBreaker(conf.CIRCUIT_FAILURE_THRESHOLD, conf.CIRCUIT_COOLDOWN_SECONDS)
+        self.breaker = CircuitBreaker(conf.CIRCUIT_FAILURE_THRESHOLD, conf.CIRCUIT_COOLDOWN_SECONDS,
+                                      on_change=functools.partial(_circuit_changed, config.key))
         self.paused_until = 0.0
         self.inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
@@ -118,7 +120,7 @@ class ChannelRuntime:
         else:
             # Keep one round queued behind the calls in flight, so slots never wait for a claim.
             wanted = 2 * self.config.max_concurrency - self.inflight - len(self.queue)
-        wanted = self.breaker.capacity(now_mono, wanted)
+        wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
         if self.limiter.limited:
             wanted = min(wanted, self.limiter.available_within(now_mono, RATE_HORIZON_SECONDS) - len(self.queue))
         return max(0, wanted)
@@ -128,6 +130,12 @@ class ChannelRuntime:
             return False
         return self.inline or self.inflight < self.config.max_concurrency
 
+
+
+def _circuit_changed(channel: str, old: str, new: str) -> None:
+    """Publish a breaker's state change as the gauge and a ``circuit-<state>`` log event."""
+    metrics.CIRCUIT_STATE.labels(channel).set(metrics.CIRCUIT_STATE_VALUES[new])
+    log.warning("circuit-" + new.replace("_", "-"), channel=channel, previous=old)
 
 
 def channel_fingerprint(c: ChannelConfig) -> tuple[Any, ...]:
@@ -440,10 +448,13 @@ class Worker:
         else:
             rt.breaker.neutral()
             changed = None
-        if changed:
-            metrics.CIRCUIT_STATE.labels(rt.config.key).set(metrics.CIRCUIT_STATE_VALUES[changed])
-            bound.warning("circuit-" + changed.replace("_", "-"), channel=rt.config.key,
-                          consecutive_failures=rt.breaker.failures)
+        if changed == rt.breaker.OPEN and rt.queue:
+            # Records claimed but not started keep their attempt budget through the cool-down: give them
+            # back (attempts restored, lease cleared) instead of sending them into an outage.
+            queued = list(rt.queue)
+            rt.queue.clear()
+            bound.info("records-released", channel=rt.config.key, count=release(queued),
+                       reason="circuit opened before they were sent")
 
     def _abandon_hung(self, inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]],
                       results: list[Outcome], bound: Any) -> None:
