@@ -344,7 +344,7 @@ class NotificationEntityAdmin(NotificationAdminBase):
         "attempts_display",
         "due_display",
         "error_kind_display",
-        "dead_lettered_at",
+        "dead_lettered",
         "resolution_display",
         "age",
     )
@@ -477,6 +477,13 @@ class NotificationEntityAdmin(NotificationAdminBase):
     @admin.display(description="error kind", ordering="error_kind")
     def error_kind_display(self, obj: NotificationEntity) -> str:
         return obj.error_kind or "—"
+
+    @admin.display(description="dead lettered", ordering="dead_lettered_at")
+    def dead_lettered(self, obj: NotificationEntity) -> SafeString | str:
+        if obj.dead_lettered_at is None:
+            return "—"
+        ago = format_age((timezone.now() - obj.dead_lettered_at).total_seconds())
+        return format_html('<span title="{}">{} ago</span>', obj.dead_lettered_at.isoformat(), ago)
 
     @admin.display(description="resolution", ordering="resolution")
     def resolution_display(self, obj: NotificationEntity) -> str:

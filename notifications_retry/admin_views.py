@@ -95,7 +95,11 @@ def backlog_chart(
         coords = " ".join(f"{x(s.taken_at)},{y(getattr(s, name))}" for s in points)
         latest = getattr(points[-1], name) if points else 0
         series.append({"name": name, "label": label, "css": css, "points": coords, "latest": latest})
-    y_ticks = [{"y": y(scale_max * i / 4), "label": f"{round(scale_max * i / 4):g}"} for i in range(5)]
+    intervals = 4 if scale_max == 4 else 5  # 10, 20, 50, 100… split into round steps
+    y_ticks = [
+        {"y": y(scale_max * i / intervals), "label": f"{scale_max * i / intervals:g}"}
+        for i in range(intervals + 1)
+    ]
     x_ticks = []
     for hours_back in range(24, -1, -6):
         when = end - timedelta(hours=hours_back)

@@ -52,8 +52,12 @@ def _literal_address(host: str) -> IPAddress | None:
 
 def _is_internal(address: IPAddress) -> bool:
     return bool(
-        address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
-        or address.is_reserved or address.is_unspecified
+        address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
         or (isinstance(address, ipaddress.IPv6Address) and address.is_site_local)
     )
 

@@ -131,7 +131,7 @@ def test_list_shows_triage_columns_and_masks_recipients(admin_client: Client) ->
         "attempts",
         "due / next attempt",
         "error kind",
-        "dead lettered at",
+        "dead lettered",
         "age",
     ):
         assert header in html.lower()

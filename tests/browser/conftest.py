@@ -1,0 +1,62 @@
+"""Playwright driving Debian's headless Chromium against pytest-django's live server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Playwright's sync API runs an event loop in this thread; Django would refuse ORM calls from it.
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+# The live server listens on the loopback address only (the tests reach nothing else).
+os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/ensure-chromium (make test does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1600, "height": 900}, locale="en-US")
+    context.set_default_timeout(15_000)
+    tab = context.new_page()
+    yield tab
+    context.close()
+
+
+@pytest.fixture
+def screenshot_dir(tmp_path: Path) -> Path:
+    """docs/img when NR_UPDATE_SCREENSHOTS=1 or a screenshot is missing there; a temporary folder otherwise.
+
+    Every run takes the screenshots; only a deliberate update (or a first run) rewrites the committed ones,
+    so a test run does not leave modified images in the working tree.
+    """
+    names = ("admin-dashboard.png", "admin-list.png", "admin-detail.png")
+    if os.environ.get("NR_UPDATE_SCREENSHOTS") == "1" or not all((DOCS_IMG / n).exists() for n in names):
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        return DOCS_IMG
+    return tmp_path
