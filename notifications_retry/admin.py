@@ -213,7 +213,7 @@ class DateRangeFilter(admin.FieldListFilter):
         self.value_from = _single(self.used_parameters.get(self.param_from))
         self.value_to = _single(self.used_parameters.get(self.param_to))
 
-    def expected_parameters(self) -> list[str]:
+    def expected_parameters(self) -> list[str | None]:
         return [self.param_from, self.param_to]
 
     def has_output(self) -> bool:
@@ -247,7 +247,7 @@ class DateRangeFilter(admin.FieldListFilter):
             raise IncorrectLookupParameters(exc) from exc
         return queryset
 
-    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+    def choices(self, changelist: Any) -> Iterator[Any]:  # adds a "form" item to Django's choice dicts
         mine = {self.param_from, self.param_to}
         yield {
             "selected": not (self.value_from or self.value_to),

@@ -159,12 +159,13 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
     ]
     backlog = health.backlog(now)
     since = now - timedelta(hours=24)
-    terminal = list(
-        NotificationEntity.objects.filter(dead_lettered_at__gte=since)
+    terminal: list[dict[str, Any]] = [
+        dict(row)
+        for row in NotificationEntity.objects.filter(dead_lettered_at__gte=since)
         .values("error_kind")
         .annotate(count=Count("pk"), first=Min("dead_lettered_at"))
         .order_by("-count", "error_kind")
-    )
+    ]
     since_param = since.replace(microsecond=0).isoformat()
     for item in terminal:
         item["label"] = item["error_kind"] or "(none)"
