@@ -1,0 +1,161 @@
+"""Flow control against a real HTTP server on 127.0.0.1: rate limit, 429 Retry-After, circuit breaker."""
+
+from __future__ import annotations
+
+import bisect
+import random
+import time
+from datetime import timedelta
+
+import pytest
+from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
+
+from notifications_retry.models import NotificationEntity
+from notifications_retry.worker import Worker
+from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.http_server import Reply
+
+pytestmark = pytest.mark.django_db
+
+Status = NotificationEntity.Status
+
+
+@pytest.fixture
+def make_worker(clock):
+    workers: list[Worker] = []
+
+    def make(**kwargs):
+        kwargs.setdefault("batch_size", 1000)
+        workers.append(Worker(clock=clock, rng=random.Random(3), **kwargs))
+        return workers[-1]
+
+    yield make
+    for worker in workers:
+        worker.close()  # the lock's own connection would keep the test database open
+
+
+def due(clock, channel, count, **kwargs):
+    return [
+        NotificationFactory(channel=channel, status=Status.FAILED, attempts=1,
+                            next_attempt_at=clock.now() - timedelta(seconds=60 - i * 0.001), **kwargs)
+        for i in range(count)
+    ]
+
+
+def max_in_window(times, window=1.0):
+    times = sorted(times)
+    return max(bisect.bisect_left(times, t + window, lo=i) - i for i, t in enumerate(times))
+
+
+def circuit_events(logs):
+    return [e["event"] for e in logs if e["event"].startswith("circuit-")]
+
+
+def circuit_gauge(channel: str) -> float | None:
+    return REGISTRY.get_sample_value("notifications_retry_circuit_state", {"channel": channel})
+
+
+def test_rate_limit_never_exceeded_by_over_5_percent_in_any_second(clock, webhook_server, make_worker):
+    rate = 40
+    channel = ChannelFactory(key="limited", provider_key="webhook", options={"url": webhook_server.url},
+                             max_concurrency=8, rate_limit_per_second=rate)
+    due(clock, channel, 130)
+    stats = make_worker().tick()
+    assert stats.sent == 130
+    arrivals = [r.received_at for r in webhook_server.requests]
+    assert len(arrivals) == 130
+    assert max_in_window(arrivals) <= rate * 1.05
+    # Limited, not merely slow: the whole run took about 129 intervals.
+    assert arrivals[-1] - arrivals[0] >= 129 / rate * 0.95
+
+
+def test_429_with_retry_after_pauses_the_channel_instead_of_retrying(clock, webhook_server, make_worker):
+    answers = iter([Reply(429, headers={"Retry-After": "2"})])
+    webhook_server.responder = lambda request: next(answers, Reply(200, {"id": "ok"}))
+    channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": webhook_server.url},
+                             max_concurrency=1, max_attempts=5, backoff_base_seconds=1, backoff_cap_seconds=1)
+    records = due(clock, channel, 3)
+    worker = make_worker()
+    with capture_logs() as logs:
+        first = worker.tick()
+    assert len(webhook_server.requests) == 1
+    assert first.sent == 0
+    assert any(e["event"] == "channel-throttled" and e["pause_s"] == 2 for e in logs)
+    for record in records:
+        record.refresh_from_db()
+        assert record.status == Status.FAILED
+        if record.attempts > 1:  # taken in this tick: Retry-After, not the 1 s backoff, sets the next attempt
+            assert record.next_attempt_at >= clock.now() + timedelta(seconds=2)
+    assert NotificationEntity.objects.filter(attempts=2).exists()
+
+    # Due again by the database clock, but the channel itself is still paused: nothing is sent.
+    clock.advance(3)
+    second = worker.tick()
+    assert len(webhook_server.requests) == 1 and second.processed == 0
+
+    time.sleep(2.1)
+    third = worker.tick()
+    assert third.sent == 3
+    assert len(webhook_server.requests) == 4
+
+
+def test_circuit_opens_leaves_rows_untouched_probes_once_closes(clock, webhook_server, settings, make_worker):
+    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 3, "CIRCUIT_COOLDOWN_SECONDS": 1.0}
+    failing = {"on": True}
+    webhook_server.responder = lambda request: Reply(500) if failing["on"] else Reply(200, {"id": "ok"})
+    channel = ChannelFactory(key="flaky", provider_key="webhook", options={"url": webhook_server.url},
+                             max_concurrency=1, max_attempts=10)
+    records = due(clock, channel, 10)
+    worker = make_worker()
+
+    with capture_logs() as logs:
+        first = worker.tick()
+    assert len(webhook_server.requests) == 3
+    assert first.retried == 3
+    assert circuit_gauge("flaky") == 2
+    opened = [e for e in logs if e["event"] == "circuit-open"]
+    assert len(opened) == 1 and opened[0]["channel"] == "flaky"
+    tried = {r.headers["idempotency-key"] for r in webhook_server.requests}
+    untouched = [r for r in records if str(r.id) not in tried]
+    assert len(untouched) == 7
+    for record in untouched:
+        before = record.next_attempt_at
+        record.refresh_from_db()
+        # Not burned through their attempts: no attempt, no lease, same due time.
+        assert (record.attempts, record.claim_token, record.next_attempt_at) == (1, None, before)
+        assert record.due_at == before
+
+    # During the cool-down the channel is not called at all, although its rows are due.
+    assert worker.tick().processed == 0
+    assert len(webhook_server.requests) == 3
+
+    # After the cool-down: one probe; it fails, so the circuit opens again with a single call.
+    time.sleep(1.05)
+    with capture_logs() as logs:
+        probe = worker.tick()
+    assert len(webhook_server.requests) == 4 and probe.processed == 1
+    assert circuit_events(logs) == ["circuit-half-open", "circuit-open"]
+
+    # Next probe succeeds: the circuit closes and the rest of the backlog drains in the same tick.
+    failing["on"] = False
+    time.sleep(1.05)
+    with capture_logs() as logs:
+        closing = worker.tick()
+    assert circuit_events(logs) == ["circuit-half-open", "circuit-closed"]
+    assert circuit_gauge("flaky") == 0
+    assert closing.sent == 6  # the probe and the 5 others still due (4 failed ones wait for their backoff)
+    assert NotificationEntity.objects.filter(channel=channel, status=Status.SENT).count() == 6
+
+
+def test_circuit_of_one_channel_does_not_stop_another(clock, webhook_server, settings, make_worker):
+    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 2, "CIRCUIT_COOLDOWN_SECONDS": 60.0}
+    webhook_server.responder = lambda request: Reply(503)
+    broken = ChannelFactory(key="broken", provider_key="webhook", options={"url": webhook_server.url},
+                            max_concurrency=1, max_attempts=10)
+    healthy = ChannelFactory(key="in_app")
+    due(clock, broken, 5)
+    due(clock, healthy, 20)
+    stats = make_worker().tick()
+    assert len(webhook_server.requests) == 2
+    assert stats.sent == 20
