@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
+from urllib.parse import unquote
 from uuid import UUID
 
 from structlog.processors import format_exc_info
@@ -62,7 +63,18 @@ _QUERY_SECRET = re.compile(
     r"(?i)([?&;\s]|^)((?:access_|refresh_|id_)?token|api_?key|key|secret|signature|sig|password|auth)"
     r"=([^&\s\"'<>]+)"
 )
+_QUERY_RECIPIENT = re.compile(
+    r"(?i)([?&;]|^)(to|cc|bcc|email|e_?mail|phone|msisdn|recipient|device_?token)=([^&\s\"'<>]+)"
+)
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@")
+# Opaque tokens (push device tokens, API keys) in free text: long words mixing letters and digits.
+_OPAQUE = re.compile(r"(?<![\w:-])[A-Za-z0-9_:-]{20,}(?![\w:-])")
+_NOT_SECRET = re.compile(
+    r"^(?:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # a UUID
+    r"|[0-9a-f]{32}"  # uuid4().hex: job run ids
+    r"|\d{4}-\d{2}-\d{2}T.*"  # a timestamp
+    r"|[A-Za-z_:-]+|[\d_:-]+)$"  # words or numbers alone
+)
 _SAFE_SCALARS = (bool, int, float, Decimal, UUID, datetime, date, time, timedelta)
 
 
@@ -74,15 +86,25 @@ def _phone_sub(match: re.Match[str]) -> str:
     return mask_recipient(text)
 
 
-def mask_text(text: str) -> str:
-    """Free text with every email address, phone number, bearer token and URL secret masked."""
+def mask_text(text: str, opaque: bool = True) -> str:
+    """Free text with every email address, phone number, bearer token and URL secret masked, and
+    (``opaque``) long words mixing letters and digits, which is how device tokens and API keys look."""
     if not text:
         return text
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     text = _EMAIL.sub(lambda m: mask_recipient(m.group(0)), text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}", text)
-    return _PHONE.sub(_phone_sub, text)
+    text = _QUERY_RECIPIENT.sub(
+        lambda m: f"{m.group(1)}{m.group(2)}={mask_recipient(unquote(m.group(3)))}", text
+    )
+    text = _PHONE.sub(_phone_sub, text)
+    return _OPAQUE.sub(_opaque_sub, text) if opaque else text
+
+
+def _opaque_sub(match: re.Match[str]) -> str:
+    word = match.group(0)
+    return word if _NOT_SECRET.match(word) else mask_recipient(word)
 
 
 def _leaves(value: Any, minimum: int, _depth: int = 0) -> list[str]:
@@ -111,6 +133,11 @@ def redact(text: str, recipient: Any = None, payload: Any = None) -> str:
     for leaf in sorted(set(_leaves(payload, 6)), key=len, reverse=True):
         text = text.replace(leaf, MASK)
     return mask_text(text)
+
+
+def _is_identifier(key: Any) -> bool:
+    name = _normal(key) if key is not None else ""
+    return name == "id" or name.endswith("_id")
 
 
 def _normal(key: Any) -> str:
@@ -158,10 +185,13 @@ def mask_value(value: Any, key: Any = None, _depth: int = 0) -> Any:
         return _mask_recipient_value(value)
     if kind == "body":
         return _mask_body_value(value)
+    if isinstance(value, UUID):
+        return str(value)  # renderers would otherwise show "UUID('…')"
     if value is None or isinstance(value, _SAFE_SCALARS):
         return value
     if isinstance(value, str):
-        return mask_text(value)
+        # An identifier (correlation id, ULID, provider message id) looks opaque but must stay greppable.
+        return mask_text(value, opaque=not _is_identifier(key))
     if isinstance(value, bytes | bytearray):
         return mask_text(bytes(value).decode("utf-8", "replace"))
     if _depth > 8:  # a self-referencing structure must not hang the logger
