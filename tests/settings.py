@@ -61,3 +61,4 @@ NOTIFICATIONS_RETRY: dict[str, object] = {}
 # Worker subprocesses started by the process tests get their settings as JSON (small leases, test providers).
 if os.environ.get("NR_TEST_SETTINGS_JSON"):
     NOTIFICATIONS_RETRY = json.loads(os.environ["NR_TEST_SETTINGS_JSON"])
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing: tests only
