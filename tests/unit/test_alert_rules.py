@@ -1,0 +1,78 @@
+"""The shipped Prometheus alert rules are valid and behave as their promtool unit tests say."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+
+
+def _promtool() -> str:
+    # Not a skip: the rules would ship untested. `make test` installs it first.
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: run `bash scripts/ensure-promtool` (make test does)")
+    return path
+
+
+def promtool(*args: str, cwd: Path = RULES_DIR) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_check_rules_accepts_the_rules_file():
+    result = promtool("check", "rules", "alerts.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 7 rules found" in result.stdout
+
+
+def test_promtool_unit_tests_pass():
+    result = promtool("test", "rules", "alerts_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_fail_when_a_threshold_drifts(tmp_path):
+    # The unit tests must bite: move the backlog threshold and they fail.
+    rules = (RULES_DIR / "alerts.yml").read_text().replace(
+        "max(notifications_failed_backlog_gauge) > 1000", "max(notifications_failed_backlog_gauge) > 5000")
+    (tmp_path / "alerts.yml").write_text(rules)
+    (tmp_path / "alerts_test.yml").write_text((RULES_DIR / "alerts_test.yml").read_text())
+    result = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "NotificationsFailedBacklogHigh" in result.stdout + result.stderr
+
+
+def _rules() -> dict[str, str]:
+    """Alert name → the text of its rule (no YAML library in the test extras; the layout is ours)."""
+    chunks = (RULES_DIR / "alerts.yml").read_text().split("- alert: ")[1:]
+    return {chunk.split("\n", 1)[0].strip(): chunk for chunk in chunks}
+
+
+def test_every_card_alert_exists_on_exported_metrics_with_a_runbook():
+    rules = _rules()
+    assert "max(notifications_failed_backlog_gauge) > 1000" in rules["NotificationsFailedBacklogHigh"]
+    assert "notifications_retry_terminal_failed_total" in rules["NotificationsTerminalFailuresSpike"]
+    assert "notifications_retry_circuit_state) == 2" in rules["NotificationsProviderDown"]
+    assert "notifications_retry_last_cycle_duration_ms) > 45000" in rules["NotificationsRetryTickTooLong"]
+    assert "notifications_retry_last_tick_completed_timestamp_seconds" in (
+        rules["NotificationsRetryWorkerStalled"])
+
+    from notifications_retry import metrics
+
+    # Sample names a scrape shows: counters gain _total, histograms _bucket/_count/_sum.
+    exported: set[str] = set()
+    for obj in vars(metrics).values():
+        name, kind = getattr(obj, "_name", None), getattr(obj, "_type", None)
+        if name and kind:
+            exported |= {name, f"{name}_total", f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+    for alert, text in rules.items():
+        used = set(re.findall(r"\bnotifications_[a-z_]+", text.split("annotations:")[0]))
+        assert used, alert
+        assert used <= exported, (alert, used - exported)
+        runbook = re.search(r"runbook: (\S+)", text)
+        assert runbook and (RULES_DIR.parents[1] / runbook.group(1)).is_file(), alert
