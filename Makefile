@@ -19,6 +19,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	bash scripts/ensure-chromium
+	bash scripts/ensure-promtool
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
