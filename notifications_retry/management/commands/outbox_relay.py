@@ -1,0 +1,85 @@
+"""``manage.py outbox_relay``: parse options, run the relay. No SQL, no HTTP here."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from notifications_retry.conf import get_settings
+from notifications_retry.relay import run_relay
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Publish unpublished outbox events in order of creation, at least once (a loop, or --once to "
+        "drain what can be published now)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        conf = get_settings()
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="Publish until nothing more can be published now, then exit: 0 when the outbox was "
+            "drained, 1 when a publish failure left events unpublished.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=None,
+            help=f"Events claimed and published per batch (default {conf.OUTBOX_RELAY_BATCH_SIZE}).",
+        )
+        parser.add_argument(
+            "--interval",
+            type=_positive_float,
+            default=None,
+            help=f"Pause once the outbox is drained (default {conf.OUTBOX_RELAY_INTERVAL_SECONDS:g}).",
+        )
+        parser.add_argument(
+            "--publisher",
+            default=None,
+            help=f"'log', 'http' or a dotted path to a Publisher class (default {conf.OUTBOX_PUBLISHER!r}).",
+        )
+        parser.add_argument(
+            "--url", default=None, help="Endpoint of the http publisher (overrides OUTBOX_PUBLISHER_OPTIONS)."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        extra = {"url": options["url"]} if options["url"] else {}
+        try:
+            reports = run_relay(
+                once=options["once"],
+                publisher=options["publisher"],
+                options=extra,
+                batch_size=options["batch_size"],
+                interval=options["interval"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        published = sum(r.published for r in reports)
+        left = options["once"] and any(r.unpublished_left_behind or r.endpoint_down for r in reports)
+        self.stdout.write(f"published {published} event(s)" + (", some left unpublished" if left else ""))
+        if left:
+            raise CommandError("publishing failed; the events stay in the outbox", returncode=1)
