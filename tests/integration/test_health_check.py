@@ -107,10 +107,10 @@ def test_check_misuse_is_a_usage_error(args, message):
     assert message in str(excinfo.value)
 
 
-def _check_process(*args: str) -> subprocess.CompletedProcess[str]:
+def _check_process(*args: str, database: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.update({
-        "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
+        "NR_TEST_DATABASE_NAME": database or connection.settings_dict["NAME"],
         "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
     })
@@ -129,3 +129,11 @@ def test_probe_exit_status_as_a_liveness_probe_sees_it():
     assert stale.returncode == 1
     assert "unhealthy" in stale.stderr
     assert _check_process("--max-age", "-1").returncode == 2
+
+
+@pytest.mark.process
+@pytest.mark.django_db
+def test_probe_fails_when_the_database_cannot_be_read():
+    result = _check_process(database="nr_no_such_database")
+    assert result.returncode == 1
+    assert "unhealthy: lane 'default': cannot read the heartbeat" in result.stderr
