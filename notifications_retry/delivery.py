@@ -31,6 +31,7 @@ TERMINAL = "terminal"
 #: Error kinds the worker assigns itself (providers add their own).
 EXHAUSTED = "attempts_exhausted"
 EXPIRED = "expired"
+UNDECODABLE = "undecodable_payload"
 
 MAX_ERROR_CHARS = 2000
 
@@ -184,15 +185,24 @@ def claim_due(
             for row in rows:
                 (nid, tenant, channel_id, recipient, payload, ntype, priority, status, attempts, expires_at,
                  correlation_id, requeue_count, lease) = row
+                # One undecodable payload (nested past Python's recursion limit) must not fail the claim
+                # of every row with it, tick after tick: it is settled as terminal instead.
+                try:
+                    payload, undecodable = _json(payload), ""
+                except (ValueError, RecursionError) as exc:
+                    payload, undecodable = None, f"{type(exc).__name__}: {str(exc)[:200]}"
                 record = ClaimedRecord(
                     id=nid, tenant_id=tenant, channel_id=channel_id, recipient=recipient,
-                    payload=_json(payload), notification_type=ntype, priority=priority, status=status,
+                    payload=payload, notification_type=ntype, priority=priority, status=status,
                     attempts=attempts, expires_at=expires_at, correlation_id=correlation_id,
                     requeue_count=requeue_count, claim_token=None,
                 )
                 max_attempts, channel_key = budgets[channel_id]
                 budget = attempt_budget(max_attempts, channel_key, ntype, by_type)
-                if attempts >= budget:
+                if undecodable:
+                    settled.append(Outcome(record, TERMINAL, error_kind=UNDECODABLE,
+                                           error=f"payload cannot be decoded: {undecodable}"))
+                elif attempts >= budget:
                     settled.append(Outcome(record, TERMINAL, error_kind=EXHAUSTED,
                                            error=f"attempt budget of {budget} spent (the last attempt never "
                                                  "finished: the worker stopped or crashed during it)"))
@@ -269,6 +279,8 @@ def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list
             "dead_letter_reason": f"{o.error_kind}: {error}" if terminal else "",
             "log_entry": {
                 "attempt": o.record.attempts, "at": at, "outcome": o.result,
+                # Attempt numbers restart after a requeue: the generation tells the runs apart.
+                "generation": o.record.requeue_count,
                 "error_kind": o.error_kind or None, "error": error[:300] or None,
                 "duration_ms": round(o.duration_ms, 1),
             },
