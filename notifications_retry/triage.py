@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from .models import DeadLetterAction, NotificationEntity
+
+#: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
+CANCELLED = "cancelled"
 
 
 @dataclasses.dataclass
@@ -28,6 +33,16 @@ def _locked(ids: Iterable[uuid.UUID | str]) -> tuple[list[NotificationEntity], s
     return rows, missing
 
 
+def _requeue_refusal(row: NotificationEntity, now: datetime) -> str:
+    if row.dead_lettered_at is None:
+        return f"not a dead letter (status {row.status})"
+    if row.error_kind == CANCELLED:
+        return "cancelled by the application: requeuing would send what it withdrew"
+    if row.expires_at is not None and row.expires_at <= now:
+        return f"its deadline {row.expires_at.isoformat()} has passed: it would only expire again"
+    return ""
+
+
 def requeue(
     ids: Iterable[uuid.UUID | str], *, actor: str, reason: str = "", now: datetime | None = None
 ) -> TriageResult:
@@ -39,9 +54,11 @@ def requeue(
         for pk in missing:
             result.refused[uuid.UUID(pk)] = "no such notification"
         for row in rows:
-            if row.dead_lettered_at is None:
-                result.refused[row.pk] = f"not a dead letter (status {row.status})"
+            refusal = _requeue_refusal(row, now)
+            if refusal:
+                result.refused[row.pk] = refusal
                 continue
+            # The audit row goes first: the database refuses a requeue without it (nr_requeue_audited).
             DeadLetterAction.objects.create(
                 notification=row, action=DeadLetterAction.Action.REQUEUE, actor=actor, reason=reason,
                 attempts_before=row.attempts, created_at=now,
@@ -109,3 +126,81 @@ def expire_dead_letters(*, retention: timedelta, now: datetime | None = None) ->
             resolution=NotificationEntity.Resolution.UNRESOLVABLE, resolved_at=now, updated_at=now
         )
     return len(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSummary:
+    """The attempts of one generation (before the first requeue, between requeues, after the last)."""
+
+    generation: int
+    attempts: int
+    first_at: str | None
+    last_at: str | None
+    outcome: str
+    error_kinds: dict[str, int]
+    last_error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetterSummary:
+    """A dead letter kept whole: what was to be sent, to whom, why it failed, and its history."""
+
+    notification_id: uuid.UUID
+    channel: str
+    recipient: str
+    payload: Any
+    notification_type: str
+    status: str
+    error_kind: str
+    last_error: str
+    dead_lettered_at: datetime | None
+    dead_letter_reason: str
+    resolution: str
+    attempts: int
+    requeue_count: int
+    history: list[GenerationSummary]
+    actions: list[DeadLetterAction]
+
+
+def attempt_history(attempt_log: list[dict[str, Any]]) -> list[GenerationSummary]:
+    """Group ``attempt_log`` by generation: how many attempts, when, how each run ended, which errors."""
+    runs: dict[int, list[dict[str, Any]]] = {}
+    for entry in attempt_log or []:
+        runs.setdefault(int(entry.get("generation") or 0), []).append(entry)
+    summaries = []
+    for generation, entries in sorted(runs.items()):
+        kinds = Counter(str(e["error_kind"]) for e in entries if e.get("error_kind"))
+        errors = [e.get("error") for e in entries if e.get("error")]
+        summaries.append(GenerationSummary(
+            generation=generation,
+            attempts=len(entries),
+            first_at=entries[0].get("at"),
+            last_at=entries[-1].get("at"),
+            outcome=str(entries[-1].get("outcome", "")),
+            error_kinds=dict(kinds),
+            last_error=errors[-1] if errors else None,
+        ))
+    return summaries
+
+
+def dead_letter_summary(notification: NotificationEntity | uuid.UUID | str) -> DeadLetterSummary:
+    """Everything an operator needs to triage one notification (a dead letter, or one that was)."""
+    pk = notification.pk if isinstance(notification, NotificationEntity) else notification
+    row = NotificationEntity.objects.select_related("channel").get(pk=pk)
+    return DeadLetterSummary(
+        notification_id=row.pk,
+        channel=row.channel.key,
+        recipient=row.recipient,
+        payload=row.payload,
+        notification_type=row.notification_type,
+        status=row.status,
+        error_kind=row.error_kind,
+        last_error=row.last_error,
+        dead_lettered_at=row.dead_lettered_at,
+        dead_letter_reason=row.dead_letter_reason,
+        resolution=row.resolution,
+        attempts=row.attempts,
+        requeue_count=row.requeue_count,
+        history=attempt_history(row.attempt_log),
+        actions=list(row.triage_log.order_by("created_at", "id")),
+    )

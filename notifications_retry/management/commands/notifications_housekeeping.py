@@ -1,0 +1,64 @@
+"""``manage.py notifications_housekeeping``: parse options, run housekeeping. No SQL here."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from notifications_retry.conf import get_settings
+from notifications_retry.housekeeping import run_housekeeping
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Mark unresolved dead letters older than the retention unresolvable, delete published outbox "
+        "events older than theirs, and delete old backlog samples."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        conf = get_settings()
+        parser.add_argument(
+            "--dead-letter-days",
+            type=_positive_int,
+            default=None,
+            help=f"Retention of unresolved dead letters (default {conf.DEAD_LETTER_RETENTION_DAYS}).",
+        )
+        parser.add_argument(
+            "--outbox-days",
+            type=_positive_int,
+            default=None,
+            help=f"Retention of published outbox events (default {conf.OUTBOX_RETENTION_DAYS}).",
+        )
+        parser.add_argument(
+            "--sample-hours",
+            type=_positive_int,
+            default=None,
+            help=f"Retention of backlog samples (default {conf.BACKLOG_SAMPLE_RETENTION_HOURS}).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        def days(value: int | None) -> timedelta | None:
+            return timedelta(days=value) if value else None
+
+        report = run_housekeeping(
+            dead_letter_retention=days(options["dead_letter_days"]),
+            outbox_retention=days(options["outbox_days"]),
+            sample_retention=timedelta(hours=options["sample_hours"]) if options["sample_hours"] else None,
+        )
+        self.stdout.write(
+            f"expired {report.expired_dead_letters} dead letter(s), pruned {report.pruned_outbox} "
+            f"outbox event(s) and {report.pruned_backlog_samples} backlog sample(s)"
+        )
