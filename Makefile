@@ -22,6 +22,11 @@ test: $(VENV)/.installed
 	bash scripts/ensure-promtool
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The fault suite's long scenarios (1-million-row backlog, vacuum held back): minutes, not for every run.
+soak: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process --soak -m "process" $(PYTEST_ARGS)
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
