@@ -1,0 +1,88 @@
+"""The claim query's plan uses the partial due index (EXPLAIN of the very SQL text delivery runs)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from notifications_retry.delivery import ChannelClaim, claim_query
+from notifications_retry.models import NotificationEntity
+from tests.factories import ChannelFactory
+
+pytestmark = pytest.mark.django_db
+
+TABLE = NotificationEntity._meta.db_table
+DUE_INDEXES = {"nr_channel_due_idx", "nr_due_idx"}
+
+_FILL = f"""
+INSERT INTO {TABLE} (id, tenant_id, channel_id, recipient, payload, notification_type, priority, status,
+    attempts, next_attempt_at, provider_message_id, last_error, error_kind, attempt_log, dead_letter_reason,
+    resolution, requeue_count, correlation_id, created_at, updated_at)
+SELECT gen_random_uuid(), NULL, (%(channels)s::bigint[])[1 + (g / 100) %% 2], 'u' || g, '{{}}'::jsonb, '',
+       (ARRAY[0, 5, 9])[1 + g %% 3], CASE WHEN g %% 100 = 0 THEN 'failed' ELSE 'sent' END, 1,
+       CASE WHEN g %% 100 = 0 THEN %(now)s::timestamptz - interval '1 minute' END, NULL, '', '', '[]'::jsonb,
+       '', '', 0, '', %(now)s::timestamptz - interval '1 day', %(now)s::timestamptz - interval '1 day'
+FROM generate_series(1, 30000) AS g
+"""
+
+
+def plan_nodes(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def explain(sql, params):
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {TABLE}")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        document = cursor.fetchone()[0]
+    document = json.loads(document) if isinstance(document, str) else document
+    return list(plan_nodes(document[0]["Plan"]))
+
+
+@pytest.fixture
+def filled(clock):
+    channels = [ChannelFactory(key="in_app"), ChannelFactory(key="email", provider_key="stub")]
+    with connection.cursor() as cursor:
+        cursor.execute(_FILL, {"channels": [c.pk for c in channels], "now": clock.now()})
+    return channels
+
+
+@pytest.mark.parametrize("priorities", [None, [0]], ids=["all", "lane-priorities"])
+def test_claim_uses_the_partial_due_index_and_never_scans_the_table(clock, filled, priorities):
+    plan = [ChannelClaim(c.pk, 100, 60.0) for c in filled]
+    sql, params = claim_query(clock.now() + timedelta(seconds=1), plan, total=100, priorities=priorities)
+    nodes = explain(sql, params)
+    on_table = [n for n in nodes if n.get("Relation Name") == TABLE]
+    assert on_table, nodes
+    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan") for n in on_table), [
+        n["Node Type"] for n in on_table]
+    used = {n.get("Index Name") for n in nodes if n.get("Index Name")}
+    assert used & DUE_INDEXES, used
+    assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == TABLE for n in nodes)
+
+
+def test_the_explained_text_is_the_one_claim_due_runs(clock, filled):
+    # claim_due builds its statement with claim_query: the same text, so the EXPLAIN above is of it.
+    from notifications_retry import delivery
+
+    seen = []
+    original = delivery.claim_query
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        seen.append(result[0])
+        return result
+
+    delivery.claim_query = spy
+    try:
+        batch = delivery.claim_due(clock.now(), [ChannelClaim(c.pk, 5, 60.0) for c in filled], total=10,
+                                   budgets={c.pk: (5, c.key) for c in filled})
+    finally:
+        delivery.claim_query = original
+    assert len(batch.records) == 10
+    assert seen and "FOR UPDATE OF t SKIP LOCKED" in seen[0]
