@@ -1,0 +1,1 @@
+"""The throughput benchmark (``make bench``): not part of the default test run."""
