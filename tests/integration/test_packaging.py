@@ -165,3 +165,19 @@ def test_clean_venv_runs_the_example_project(installed: Path, scratch_database: 
     )
     output = run(installed, "manage.py", "retry_worker", "--once", cwd=tmp_path, env=env, timeout=120)
     assert "Traceback" not in output
+
+
+def test_demo_command_against_database_url(scratch_database: str) -> None:
+    # `make demo` with DATABASE_URL set: the same command the README gives, on a throwaway database.
+    env = {
+        **os.environ,
+        "DATABASE_URL": scratch_database,
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+    }
+    output = run(sys.executable, "manage.py", "demo", cwd=ROOT, env=env, timeout=120)
+    rows = {line.split("  ")[0]: line for line in output.splitlines()}
+    assert "processed=4, sent=2, retried=1, terminal=1, channel_disabled=1" in output
+    assert "Sent" in rows["failed in_app, retry due"]
+    assert "failed (dead letter)" in rows["failed email, last attempt"]
+    fresh = rows["fresh in_app (dispatcher's)"]
+    assert fresh.count("pending (fresh)") == 2 and "Sent" not in fresh
