@@ -121,8 +121,15 @@ class ChannelRuntime:
             # Keep one round queued behind the calls in flight, so slots never wait for a claim.
             wanted = 2 * self.config.max_concurrency - self.inflight - len(self.queue)
         wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
+        depth = wanted + len(self.queue)
         if self.limiter.limited:
-            wanted = min(wanted, self.limiter.available_within(now_mono, RATE_HORIZON_SECONDS) - len(self.queue))
+            startable = self.limiter.available_within(now_mono, RATE_HORIZON_SECONDS)
+            wanted = min(wanted, startable - len(self.queue))
+            depth = min(depth, startable)
+        # Refill in chunks, not a row per finished call: a claim is a statement on the loop's thread,
+        # and claiming one row after every completion made the claims, not the provider, the limit.
+        if self.queue and len(self.queue) > depth // 2:
+            return 0
         return max(0, wanted)
 
     def can_start(self, now_mono: float) -> bool:
