@@ -64,7 +64,8 @@ def test_finalize_error_writes_status_and_event_together_or_neither(sqlstate, se
         connection.close()  # the 'lost' case killed the connection this process shares with the worker
         assert stats.sent == 20
         assert stats.finalize_failed == 3
-        assert NotificationEntity.objects.filter(pk__in=[r.pk for r in healthy], status=Status.SENT).count() == 20
+        sent = NotificationEntity.objects.filter(pk__in=[r.pk for r in healthy], status=Status.SENT)
+        assert sent.count() == 20
         stuck = NotificationEntity.objects.filter(pk__in=[r.pk for r in poison])
         assert set(stuck.values_list("status", "attempts")) == {(Status.FAILED, 2)}
         assert stuck.filter(claim_token__isnull=False).count() == 3, "left leased for a later retry"
