@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo test lint type bench soak clean package tox
+.PHONY: demo test lint type bench bench-relay soak clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ soak: $(VENV)/.installed
 bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.run $(BENCH_ARGS)
+
+# The outbox side in one run (database nr_bench_relay): the outbox trigger's cost, relay events/s.
+bench-relay: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.relay $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
