@@ -94,6 +94,8 @@ class ClaimBatch:
 
     records: list[ClaimedRecord]
     settled: list[Outcome]
+    #: True when due rows were left for the next claim on purpose (a recovered lease is claimed alone).
+    more: bool = False
 
 
 @dataclasses.dataclass
@@ -117,7 +119,8 @@ def attempt_budget(channel_max: int, channel_key: str, notification_type: str,
 
 _CLAIM_SELECT = f"""
 SELECT n.id, n.tenant_id, n.channel_id, n.recipient, n.payload, n.notification_type, n.priority,
-       n.status, n.attempts, n.expires_at, n.correlation_id, n.requeue_count, c.lease
+       n.status, n.attempts, n.expires_at, n.correlation_id, n.requeue_count, c.lease,
+       n.claim_token IS NOT NULL AS recovered
 FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[]) AS c(channel_id, lim, lease)
 CROSS JOIN LATERAL (
     SELECT t.* FROM {_TABLE} t
@@ -180,11 +183,17 @@ def claim_due(
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
+            # A row whose lease expired was in flight when a worker died: maybe it killed the worker.
+            # Claim it alone, so a poison record cannot take healthy batch-mates down with it again.
+            recovered = [row for row in rows if row[-1]]
+            more = bool(recovered) and len(rows) > 1
+            if recovered:
+                rows = recovered[:1]
             ids: list[uuid.UUID] = []
             expires: list[datetime] = []
             for row in rows:
                 (nid, tenant, channel_id, recipient, payload, ntype, priority, status, attempts, expires_at,
-                 correlation_id, requeue_count, lease) = row
+                 correlation_id, requeue_count, lease, _recovered) = row
                 # One undecodable payload (nested past Python's recursion limit) must not fail the claim
                 # of every row with it, tick after tick: it is settled as terminal instead.
                 try:
@@ -219,7 +228,7 @@ def claim_due(
                 cursor.execute(_CLAIM_UPDATE, {"token": token, "now": now, "ids": ids, "expires": expires})
         if settled:
             _apply(settled, now, guarded=False)
-    return ClaimBatch(records, settled)
+    return ClaimBatch(records, settled, more)
 
 
 def _json(value: Any) -> Any:

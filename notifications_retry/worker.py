@@ -373,7 +373,7 @@ class Worker:
             rt = runtimes[outcome.record.channel_id]
             got[rt.config.pk] = got.get(rt.config.pk, 0) + 1
             self._record_final(outcome, rt, stats, bound)
-        if len(batch.records) + len(batch.settled) < remaining:
+        if not batch.more and len(batch.records) + len(batch.settled) < remaining:
             for p in plan:
                 if got.get(p.channel_id, 0) < p.limit:
                     runtimes[p.channel_id].exhausted = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import queue
 import threading
 import time
 import typing
@@ -156,15 +157,27 @@ class WebhookProvider(Provider):
         self.extra_headers: dict[str, str] = dict(options.get("headers") or {})
         self.secret: str | None = options.get("secret")
         self.timeout = float(channel.timeout_seconds)
-        connections = max(1, int(channel.max_concurrency))
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self.client = httpx.Client(
-            timeout=httpx.Timeout(self.timeout),
-            limits=limits,
-            follow_redirects=False,
-            trust_env=False,
-            transport=_transport(limits),
-        )
+        # One single-connection client per concurrent send, handed out LIFO (warm connections first):
+        # threads sharing one httpx pool contend on its lock, which scans every idle connection per
+        # request; the channel still opens at most max_concurrency connections.
+        self._clients: queue.LifoQueue[httpx.Client] = queue.LifoQueue()
+        self._all_clients: list[httpx.Client] = []
+        for _ in range(max(1, int(channel.max_concurrency))):
+            limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+            client = httpx.Client(
+                timeout=httpx.Timeout(self.timeout),
+                limits=limits,
+                follow_redirects=False,
+                trust_env=False,
+                transport=_transport(limits),
+            )
+            self._all_clients.append(client)
+            self._clients.put(client)
+
+    @property
+    def client(self) -> httpx.Client:
+        """A client for a one-off request (tests, diagnostics); sends use the pool."""
+        return self._all_clients[0]
 
     @classmethod
     def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
@@ -212,9 +225,15 @@ class WebhookProvider(Provider):
             digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
             headers["X-Signature"] = f"sha256={digest}"
         deadline = time.monotonic() + self.timeout
+        try:
+            # The worker never runs more sends of a channel at once than it has clients; wait if a
+            # caller outside the worker does.
+            client = self._clients.get(timeout=self.timeout)
+        except queue.Empty:
+            raise RetryableProviderError("no free webhook connection within the timeout", kind="timeout") from None
         _deadline.at = deadline
         try:
-            with self.client.stream("POST", self.url, content=body, headers=headers) as response:
+            with client.stream("POST", self.url, content=body, headers=headers) as response:
                 received = bytearray()
                 # Per-read timeouts do not bound a server that drips bytes: check the whole deadline too.
                 for chunk in response.iter_bytes():
@@ -233,6 +252,8 @@ class WebhookProvider(Provider):
             raise RetryableProviderError(f"webhook transport error: {exc!r}", kind="transport") from exc
         finally:
             _deadline.at = None
+            self._clients.put(client)
 
     def close(self) -> None:
-        self.client.close()
+        for client in self._all_clients:
+            client.close()

@@ -220,8 +220,11 @@ def test_stop_request_finishes_records_in_hand_and_claims_no_more(clock):
     worker.close()
     assert stats.stopped
     leased = NotificationEntity.objects.filter(claim_token__isnull=False).count()
-    assert leased == 0, "every claimed record was finalized"
-    assert stats.sent == stats.claims < 30
+    assert leased == 0, "every claimed record was finalized or given back"
+    sent = NotificationEntity.objects.filter(status=Status.SENT).count()
+    assert sent == stats.sent == 2, "only the calls in flight (max_concurrency) were finished"
+    # Claimed but not started: handed back as they were, attempt refunded.
+    assert NotificationEntity.objects.filter(status=Status.FAILED, attempts=1).count() == 30 - sent
 
 
 @pytest.mark.django_db
@@ -233,3 +236,28 @@ def test_max_duration_stops_new_claims(clock):
     assert stats.deadline_reached
     assert 0 < stats.sent < 40
     assert NotificationEntity.objects.filter(claim_token__isnull=False).count() == 0
+
+
+@pytest.mark.django_db
+def test_a_recovered_lease_is_claimed_alone(clock):
+    # Rows in flight when a worker died come back one claim at a time, so a poison record that kills
+    # the process cannot burn its healthy batch-mates' attempts again and again.
+    channel = ChannelFactory(key="in_app", max_attempts=10)
+    due_records(clock, channel, 5)
+    crashed = claim_due(clock.now(), plan(channel, lease=30), total=3, budgets=budgets(channel)).records
+    clock.advance(31)
+    batch = claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel))
+    assert len(batch.records) == 1 and batch.more
+    assert batch.records[0].id in {r.id for r in crashed}
+    rest = claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel))
+    assert len(rest.records) == 1 and rest.records[0].id in {r.id for r in crashed}
+
+
+@pytest.mark.django_db
+def test_worker_recovers_every_expired_lease_in_one_tick(clock):
+    channel = ChannelFactory(key="in_app", max_attempts=10)
+    due_records(clock, channel, 6)
+    claim_due(clock.now(), plan(channel, lease=30), total=4, budgets=budgets(channel))
+    clock.advance(31)
+    stats = Worker(clock=clock).tick()
+    assert stats.sent == 6
