@@ -108,7 +108,7 @@ class HttpPublisher(Publisher):
         )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        delay = min(self.backoff_cap, self.backoff * 2 ** (attempt - 1))
+        delay: float = min(self.backoff_cap, self.backoff * 2.0 ** (attempt - 1))
         if retry_after is not None:
             delay = min(self.backoff_cap, max(delay, retry_after))
         return delay
