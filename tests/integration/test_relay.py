@@ -211,15 +211,17 @@ def test_endpoint_down_stops_the_batch_and_nothing_is_marked(clock, webhook_serv
 @pytest.mark.django_db(transaction=True)
 def test_endpoint_down_for_a_while_then_back_loses_and_reorders_nothing(clock):
     statuses: dict[int, int] = {}
-    back_at = time.monotonic() + 1.0
+    back_at: list[float] = []  # the endpoint is down for 1 s from the first request it gets
     counter = {"n": 0}
     lock = threading.Lock()
 
     def responder(request: RecordedRequest) -> Reply:
         with lock:
+            if not back_at:
+                back_at.append(time.monotonic() + 1.0)
             index = counter["n"]
             counter["n"] += 1
-            statuses[index] = 503 if time.monotonic() < back_at else 200
+            statuses[index] = 503 if time.monotonic() < back_at[0] else 200
             return Reply(statuses[index])
 
     server = ScriptedServer(responder).start()
