@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import queue
 import random
 import signal
 import socket
@@ -17,7 +18,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from types import FrameType
 from typing import Any
@@ -55,6 +56,8 @@ log = structlog.get_logger("notifications_retry.worker")
 RATE_HORIZON_SECONDS = 0.25
 #: A provider call that outlives its channel timeout by this much is abandoned as a timeout.
 ABANDON_GRACE_SECONDS = 1.0
+#: How often the loop looks for calls to abandon (a scan of everything in flight).
+HUNG_CHECK_SECONDS = 0.1
 DEFAULT_LANE = "default"
 
 
@@ -299,6 +302,10 @@ class Worker:
         results: list[Outcome] = []
         claiming = True
         flush_at = max(1, min(self.conf.CLAIM_CHUNK_SIZE, self.batch_size))
+        # Finished calls report here: waking on one queue costs O(1) per completion, where
+        # concurrent.futures.wait() would re-arm a waiter on every future in flight each time.
+        done: queue.SimpleQueue[Future[Outcome]] = queue.SimpleQueue()
+        hung_checked_at = time.monotonic()
 
         while True:
             now_mono = time.monotonic()
@@ -336,15 +343,20 @@ class Worker:
                         rt.inflight += 1
                         future = self._executor().submit(self._send, rt, record)
                         inflight[future] = (record, rt, now_mono)
+                        future.add_done_callback(done.put)
             # Collect finished calls; abandon any that outlived their timeout.
             if inflight:
-                done, _ = wait(list(inflight), timeout=self._wait_time(runtimes), return_when=FIRST_COMPLETED)
-                for future in done:
-                    record, rt, _ = inflight.pop(future)
+                for future in self._completed(done, self._wait_time(runtimes)):
+                    entry = inflight.pop(future, None)
+                    if entry is None:
+                        continue  # abandoned as hung earlier; its late result is ignored
+                    record, rt, _ = entry
                     rt.inflight -= 1
                     results.append(future.result())
                     self._account(rt, results[-1], results, bound)
-                self._abandon_hung(inflight, results, bound)
+                if time.monotonic() - hung_checked_at >= HUNG_CHECK_SECONDS:
+                    hung_checked_at = time.monotonic()
+                    self._abandon_hung(inflight, results, bound)
             queued = any(rt.queue for rt in runtimes.values())
             idle = not inflight and not queued
             if results and (len(results) >= flush_at or idle or not claiming):
@@ -357,6 +369,19 @@ class Worker:
                     break  # every channel is exhausted, paused or open-circuited for now
             elif not inflight and queued:
                 time.sleep(min(0.05, self._wait_time(runtimes)))
+
+    @staticmethod
+    def _completed(done: queue.SimpleQueue[Future[Outcome]], timeout: float) -> list[Future[Outcome]]:
+        """Futures finished so far, waiting up to ``timeout`` for the first one."""
+        try:
+            finished = [done.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                finished.append(done.get_nowait())
+            except queue.Empty:
+                return finished
 
     def _claim(self, plan: list[ChannelClaim], remaining: int, runtimes: dict[int, ChannelRuntime],
                stats: TickStats, results: list[Outcome], bound: Any) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import queue
+import ssl
 import threading
 import time
 import typing
@@ -132,8 +134,14 @@ class _DeadlineBackend(httpcore.SyncBackend):
         return _DeadlineStream(stream)
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context for every client: building one loads the CA bundle (tens of ms)."""
+    return httpx.create_ssl_context()
+
+
 def _transport(limits: httpx.Limits) -> httpx.HTTPTransport:
-    transport = httpx.HTTPTransport(limits=limits, trust_env=False)
+    transport = httpx.HTTPTransport(limits=limits, trust_env=False, verify=_ssl_context())
     # httpx offers no hook for the network backend: swap in a pool built the same way that uses ours.
     transport._pool = httpcore.ConnectionPool(
         ssl_context=transport._pool._ssl_context,
