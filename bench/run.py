@@ -62,8 +62,10 @@ def recreate_database() -> None:
     call_command("migrate", verbosity=0)
     with psycopg.connect(_conninfo(name), autocommit=True) as conn:
         # Frequent autovacuum on the hot table, as docs/performance.md recommends.
-        conn.execute(f"ALTER TABLE {TABLE} SET (autovacuum_vacuum_scale_factor = 0.01, "
-                     "autovacuum_analyze_scale_factor = 0.01)")
+        conn.execute(
+            f"ALTER TABLE {TABLE} SET (autovacuum_vacuum_scale_factor = 0.01, "
+            "autovacuum_analyze_scale_factor = 0.01)"
+        )
 
 
 _django_ready = False
@@ -107,9 +109,18 @@ def channel(key: str, provider_key: str = "in_app", **fields: Any) -> int:
     """Create or update a channel; returns its id."""
     from notifications_retry.models import ChannelConfig
 
-    defaults = {"provider_key": provider_key, "is_enabled": True, "max_attempts": 5, "timeout_seconds": 5.0,
-                "backoff_base_seconds": 60, "backoff_cap_seconds": 3600, "options": {},
-                "max_concurrency": 10, "rate_limit_per_second": None, **fields}
+    defaults = {
+        "provider_key": provider_key,
+        "is_enabled": True,
+        "max_attempts": 5,
+        "timeout_seconds": 5.0,
+        "backoff_base_seconds": 60,
+        "backoff_cap_seconds": 3600,
+        "options": {},
+        "max_concurrency": 10,
+        "rate_limit_per_second": None,
+        **fields,
+    }
     obj, _ = ChannelConfig.objects.update_or_create(key=key, defaults=defaults)
     return int(obj.pk)
 
@@ -120,15 +131,24 @@ def reset_rows() -> None:
         conn.execute(f"TRUNCATE {OUTBOX}, notifications_retry_deadletteraction, {TABLE}")
 
 
-def add_rows(channels: Sequence[int], total: int, *, due_every: int = 1, start: int = 1,
-             chunk: int = 500_000) -> None:
+def add_rows(
+    channels: Sequence[int], total: int, *, due_every: int = 1, start: int = 1, chunk: int = 500_000
+) -> None:
     """Insert ``total`` rows spread over ``channels``; every ``due_every``-th is a due Failed row."""
     with psycopg.connect(_conninfo(bench_dbname()), autocommit=True) as conn:
         lo = start
         while lo < start + total:
             hi = min(start + total - 1, lo + chunk - 1)
-            conn.execute(_INSERT, {"channels": list(channels), "nchannels": len(channels), "every": due_every,
-                                   "start": lo, "stop": hi})
+            conn.execute(
+                _INSERT,
+                {
+                    "channels": list(channels),
+                    "nchannels": len(channels),
+                    "every": due_every,
+                    "start": lo,
+                    "stop": hi,
+                },
+            )
             lo = hi + 1
         conn.execute(f"VACUUM ANALYZE {TABLE}")
         conn.execute(f"VACUUM ANALYZE {OUTBOX}")
@@ -174,19 +194,33 @@ def raw_drain(batch: int = 100) -> int:
                 pmids = [f"raw:{r[0]}" for r in rows]
                 logs = [json.dumps({"attempt": r[2] + 1, "at": now, "outcome": "sent"}) for r in rows]
                 conn.execute(_RAW_UPDATE, (ids, pmids, logs))
-                payloads = [json.dumps({
-                    "notification_id": str(r[0]), "tenant_id": str(r[1]), "channel": "in_app",
-                    "status": "Sent",
-                    "attempts": r[2] + 1, "provider_message_id": f"raw:{r[0]}", "error": None,
-                    "error_kind": None, "occurred_at": now, "contract_version": 1,
-                }) for r in rows]
-                conn.execute(_RAW_OUTBOX, ([uuid.uuid4() for _ in rows], [str(r[0]) for r in rows],
-                                           [r[3] for r in rows], payloads))
+                payloads = [
+                    json.dumps(
+                        {
+                            "notification_id": str(r[0]),
+                            "tenant_id": str(r[1]),
+                            "channel": "in_app",
+                            "status": "Sent",
+                            "attempts": r[2] + 1,
+                            "provider_message_id": f"raw:{r[0]}",
+                            "error": None,
+                            "error_kind": None,
+                            "occurred_at": now,
+                            "contract_version": 1,
+                        }
+                    )
+                    for r in rows
+                ]
+                conn.execute(
+                    _RAW_OUTBOX,
+                    ([uuid.uuid4() for _ in rows], [str(r[0]) for r in rows], [r[3] for r in rows], payloads),
+                )
             done += len(rows)
     return done
 
 
 # -- the worker ------------------------------------------------------------------------------------
+
 
 def worker_drain(expected: int, lane: str | None = None) -> dict[str, Any]:
     """One worker tick that drains everything due; returns its stats."""
@@ -204,6 +238,7 @@ def worker_drain(expected: int, lane: str | None = None) -> dict[str, Any]:
 
 
 # -- procrastinate ---------------------------------------------------------------------------------
+
 
 def procrastinate_drain(jobs: int, concurrency: int) -> float | None:
     """Defer ``jobs`` no-op jobs, then time procrastinate's worker draining them; None if not installed."""
@@ -242,12 +277,17 @@ def procrastinate_drain(jobs: int, concurrency: int) -> float | None:
 
 # -- HTTP ------------------------------------------------------------------------------------------
 
+
 class Sink:
     """The benchmark's webhook receiver, in a subprocess."""
 
     def __init__(self, delay: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.sink", "--delay", str(delay)],
-                                     stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.sink", "--delay", str(delay)],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            text=True,
+        )
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{self.port}/hook"
@@ -280,8 +320,14 @@ def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
 def http_drain(sink: Sink, rows: int, *, max_concurrency: int, rate: float | None) -> dict[str, Any]:
     """Drain ``rows`` due rows of a webhook channel pointed at ``sink``; rows/s and the window peak."""
     reset_rows()
-    cid = channel("hook", "webhook", options={"url": sink.url}, max_concurrency=max_concurrency,
-                  rate_limit_per_second=rate, timeout_seconds=10.0)
+    cid = channel(
+        "hook",
+        "webhook",
+        options={"url": sink.url},
+        max_concurrency=max_concurrency,
+        rate_limit_per_second=rate,
+        timeout_seconds=10.0,
+    )
     add_rows([cid], rows)
     sink.reset()
     started = time.perf_counter()
@@ -291,11 +337,16 @@ def http_drain(sink: Sink, rows: int, *, max_concurrency: int, rate: float | Non
     if stats["sent"] != rows:
         raise RuntimeError(f"webhook drain sent {stats['sent']} of {rows}: {stats}")
     span = (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else elapsed
-    return {"rows_per_s": rows / elapsed, "send_rate": (len(arrivals) - 1) / span if span else 0.0,
-            "max_per_1s_window": max_in_window(arrivals), "requests": len(arrivals)}
+    return {
+        "rows_per_s": rows / elapsed,
+        "send_rate": (len(arrivals) - 1) / span if span else 0.0,
+        "max_per_1s_window": max_in_window(arrivals),
+        "requests": len(arrivals),
+    }
 
 
 # -- claim time ------------------------------------------------------------------------------------
+
 
 def claim_time(channels: Sequence[int], repeat: int = 30) -> float:
     """Median milliseconds of one tick's claim (100 rows over ``channels``), rolled back each time."""
@@ -332,6 +383,7 @@ def explain_claim(channels: Sequence[int]) -> str:
 
 # -- memory ----------------------------------------------------------------------------------------
 
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -358,11 +410,22 @@ def child_memory_drain(rows: int) -> None:
     sampler.join()
     rss = [s[1] for s in samples] or [_rss_mb()]
     tenth = max(1, len(rss) // 10)
-    print(json.dumps({"sent": stats["sent"], "seconds": elapsed, "rss_start_mb": before,
-                      "rss_after_10pct_mb": rss[tenth - 1], "rss_max_mb": max(rss), "rss_end_mb": rss[-1]}))
+    print(
+        json.dumps(
+            {
+                "sent": stats["sent"],
+                "seconds": elapsed,
+                "rss_start_mb": before,
+                "rss_after_10pct_mb": rss[tenth - 1],
+                "rss_max_mb": max(rss),
+                "rss_end_mb": rss[-1],
+            }
+        )
+    )
 
 
 # -- the run ---------------------------------------------------------------------------------------
+
 
 def _median(fn: Callable[[], float], rounds: int) -> tuple[float, list[float]]:
     values = [fn() for _ in range(rounds)]
@@ -381,15 +444,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procrastinate-jobs", type=int, default=3000)
     parser.add_argument("--procrastinate-concurrency", type=int, default=10)
     parser.add_argument("--latency-rows", type=int, default=3000)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 32],
-                        help="max_concurrency values for the latency-bound drain.")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[10, 32],
+        help="max_concurrency values for the latency-bound drain.",
+    )
     parser.add_argument("--rate", type=float, default=200.0, help="Rate limit (sends/s) for the rate figure.")
     parser.add_argument("--scale", action="store_true", help="Also measure the claim at 5 M rows (slow).")
-    parser.add_argument("--memory", action="store_true",
-                        help="Also measure RSS while draining 1 M rows (slow).")
+    parser.add_argument(
+        "--memory", action="store_true", help="Also measure RSS while draining 1 M rows (slow)."
+    )
     parser.add_argument("--memory-rows", type=int, default=1_000_000)
-    parser.add_argument("--only", nargs="+", default=None,
-                        choices=["drain", "latency", "rate", "claim", "memory"], help="Run only these parts.")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        choices=["drain", "latency", "rate", "claim", "memory"],
+        help="Run only these parts.",
+    )
     parser.add_argument("--child-memory-drain", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -444,13 +518,18 @@ def main(argv: list[str] | None = None) -> int:
         if ratio < 0.40:
             failed_targets.append("worker/raw")
         reset_rows()
-        proc = (procrastinate_drain(args.procrastinate_jobs, args.procrastinate_concurrency)
-                if args.procrastinate_jobs > 0 else None)
+        proc = (
+            procrastinate_drain(args.procrastinate_jobs, args.procrastinate_concurrency)
+            if args.procrastinate_jobs > 0
+            else None
+        )
         if proc is None:
             print("procrastinate                          : not installed (pip install procrastinate)")
         else:
-            print(f"procrastinate (concurrency {args.procrastinate_concurrency}, "
-                  f"{args.procrastinate_jobs:,} jobs) : {proc:>9,.0f} jobs/s")
+            print(
+                f"procrastinate (concurrency {args.procrastinate_concurrency}, "
+                f"{args.procrastinate_jobs:,} jobs) : {proc:>9,.0f} jobs/s"
+            )
             print(f"worker / procrastinate                 : {worker / proc:>9.1f}x     (target >= 10x)")
             if worker / proc < 10:
                 failed_targets.append("worker/procrastinate")
@@ -461,14 +540,18 @@ def main(argv: list[str] | None = None) -> int:
             sink = Sink(0.02)
         if "latency" in parts:
             assert sink is not None
-            print(f"\n## Latency-bound drain: receiver answers in 20 ms over HTTP on 127.0.0.1, "
-                  f"{args.latency_rows:,} rows")
+            print(
+                f"\n## Latency-bound drain: receiver answers in 20 ms over HTTP on 127.0.0.1, "
+                f"{args.latency_rows:,} rows"
+            )
             for conc in args.concurrency:
                 result = http_drain(sink, args.latency_rows, max_concurrency=conc, rate=None)
                 bound = conc / 0.02
                 ratio = result["rows_per_s"] / bound
-                print(f"max_concurrency {conc:>3}: {result['rows_per_s']:>7,.0f} rows/s; bound "
-                      f"min({conc}/20 ms, no limit) = {bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%)")
+                print(
+                    f"max_concurrency {conc:>3}: {result['rows_per_s']:>7,.0f} rows/s; bound "
+                    f"min({conc}/20 ms, no limit) = {bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%)"
+                )
                 if ratio < 0.8:
                     failed_targets.append(f"latency c={conc}")
         if "rate" in parts:
@@ -479,12 +562,18 @@ def main(argv: list[str] | None = None) -> int:
             bound = min(conc / 0.02, args.rate)
             ratio = result["rows_per_s"] / bound
             over = result["max_per_1s_window"] / args.rate - 1
-            print(f"\n## Rate-limited drain: rate_limit_per_second={args.rate:g}, max_concurrency {conc}, "
-                  f"{rows:,} rows")
-            print(f"drain {result['rows_per_s']:,.0f} rows/s; bound min({conc}/20 ms, {args.rate:g}) = "
-                  f"{bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%)")
-            print(f"most sends seen by the receiver in any 1-second window: {result['max_per_1s_window']} "
-                  f"({over:+.1%} vs the limit; target <= +5%)")
+            print(
+                f"\n## Rate-limited drain: rate_limit_per_second={args.rate:g}, max_concurrency {conc}, "
+                f"{rows:,} rows"
+            )
+            print(
+                f"drain {result['rows_per_s']:,.0f} rows/s; bound min({conc}/20 ms, {args.rate:g}) = "
+                f"{bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%)"
+            )
+            print(
+                f"most sends seen by the receiver in any 1-second window: {result['max_per_1s_window']} "
+                f"({over:+.1%} vs the limit; target <= +5%)"
+            )
             if ratio < 0.8:
                 failed_targets.append("rate drain")
             if over > 0.05:
@@ -518,13 +607,21 @@ def main(argv: list[str] | None = None) -> int:
         cid = channel("in_app", "in_app")
         add_rows([cid], args.memory_rows)
         child = [sys.executable, "-m", "bench.run", "--child-memory-drain", str(args.memory_rows)]
-        out = subprocess.run(child, cwd=ROOT, capture_output=True, text=True, check=True,
-                             env={**os.environ, "NR_BENCH_DATABASE_NAME": bench_dbname()})
+        out = subprocess.run(
+            child,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "NR_BENCH_DATABASE_NAME": bench_dbname()},
+        )
         m = json.loads(out.stdout.strip().splitlines()[-1])
         rate = m["sent"] / m["seconds"]
-        print(f"sent {m['sent']:,} in {m['seconds']:.0f} s ({rate:,.0f} rows/s); RSS start "
-              f"{m['rss_start_mb']:.0f} MB, after 10 % {m['rss_after_10pct_mb']:.0f} MB, max "
-              f"{m['rss_max_mb']:.0f} MB, end {m['rss_end_mb']:.0f} MB (target < 150 MB)")
+        print(
+            f"sent {m['sent']:,} in {m['seconds']:.0f} s ({rate:,.0f} rows/s); RSS start "
+            f"{m['rss_start_mb']:.0f} MB, after 10 % {m['rss_after_10pct_mb']:.0f} MB, max "
+            f"{m['rss_max_mb']:.0f} MB, end {m['rss_end_mb']:.0f} MB (target < 150 MB)"
+        )
         if m["rss_max_mb"] >= 150:
             failed_targets.append("memory")
 

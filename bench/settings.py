@@ -53,8 +53,10 @@ LOGGING = {
     "formatters": {
         "json": {
             "()": structlog.stdlib.ProcessorFormatter,
-            "processors": [structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                           structlog.processors.JSONRenderer()],
+            "processors": [
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.JSONRenderer(),
+            ],
             "foreign_pre_chain": _shared,
         },
     },

@@ -107,8 +107,9 @@ class FinalizeReport:
     failed: list[Outcome] = dataclasses.field(default_factory=list)
 
 
-def attempt_budget(channel_max: int, channel_key: str, notification_type: str,
-                   by_type: Mapping[str, int]) -> int:
+def attempt_budget(
+    channel_max: int, channel_key: str, notification_type: str, by_type: Mapping[str, int]
+) -> int:
     """Attempts allowed: ``ATTEMPTS_BY_TYPE["channel:type"]``, else ``["type"]``, else the channel's."""
     if notification_type:
         for key in (f"{channel_key}:{notification_type}", notification_type):
@@ -141,8 +142,9 @@ WHERE t.id = v.id
 """
 
 
-def claim_query(now: datetime, plan: Sequence[ChannelClaim], *, total: int,
-                priorities: Sequence[int] | None = None) -> tuple[str, dict[str, Any]]:
+def claim_query(
+    now: datetime, plan: Sequence[ChannelClaim], *, total: int, priorities: Sequence[int] | None = None
+) -> tuple[str, dict[str, Any]]:
     """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks)."""
     priority_filter = "AND t.priority = ANY(%(priorities)s)" if priorities else ""
     params: dict[str, Any] = {
@@ -192,8 +194,22 @@ def claim_due(
             ids: list[uuid.UUID] = []
             expires: list[datetime] = []
             for row in rows:
-                (nid, tenant, channel_id, recipient, payload, ntype, priority, status, attempts, expires_at,
-                 correlation_id, requeue_count, lease, _recovered) = row
+                (
+                    nid,
+                    tenant,
+                    channel_id,
+                    recipient,
+                    payload,
+                    ntype,
+                    priority,
+                    status,
+                    attempts,
+                    expires_at,
+                    correlation_id,
+                    requeue_count,
+                    lease,
+                    _recovered,
+                ) = row
                 # One undecodable payload (nested past Python's recursion limit) must not fail the claim
                 # of every row with it, tick after tick: it is settled as terminal instead.
                 try:
@@ -201,23 +217,50 @@ def claim_due(
                 except (ValueError, RecursionError) as exc:
                     payload, undecodable = None, f"{type(exc).__name__}: {str(exc)[:200]}"
                 record = ClaimedRecord(
-                    id=nid, tenant_id=tenant, channel_id=channel_id, recipient=recipient,
-                    payload=payload, notification_type=ntype, priority=priority, status=status,
-                    attempts=attempts, expires_at=expires_at, correlation_id=correlation_id,
-                    requeue_count=requeue_count, claim_token=None,
+                    id=nid,
+                    tenant_id=tenant,
+                    channel_id=channel_id,
+                    recipient=recipient,
+                    payload=payload,
+                    notification_type=ntype,
+                    priority=priority,
+                    status=status,
+                    attempts=attempts,
+                    expires_at=expires_at,
+                    correlation_id=correlation_id,
+                    requeue_count=requeue_count,
+                    claim_token=None,
                 )
                 max_attempts, channel_key = budgets[channel_id]
                 budget = attempt_budget(max_attempts, channel_key, ntype, by_type)
                 if undecodable:
-                    settled.append(Outcome(record, TERMINAL, error_kind=UNDECODABLE,
-                                           error=f"payload cannot be decoded: {undecodable}"))
+                    settled.append(
+                        Outcome(
+                            record,
+                            TERMINAL,
+                            error_kind=UNDECODABLE,
+                            error=f"payload cannot be decoded: {undecodable}",
+                        )
+                    )
                 elif attempts >= budget:
-                    settled.append(Outcome(record, TERMINAL, error_kind=EXHAUSTED,
-                                           error=f"attempt budget of {budget} spent (the last attempt never "
-                                                 "finished: the worker stopped or crashed during it)"))
+                    settled.append(
+                        Outcome(
+                            record,
+                            TERMINAL,
+                            error_kind=EXHAUSTED,
+                            error=f"attempt budget of {budget} spent (the last attempt never "
+                            "finished: the worker stopped or crashed during it)",
+                        )
+                    )
                 elif expires_at is not None and expires_at <= now:
-                    settled.append(Outcome(record, TERMINAL, error_kind=EXPIRED,
-                                           error=f"deadline {expires_at.isoformat()} passed before sending"))
+                    settled.append(
+                        Outcome(
+                            record,
+                            TERMINAL,
+                            error_kind=EXPIRED,
+                            error=f"deadline {expires_at.isoformat()} passed before sending",
+                        )
+                    )
                 else:
                     record.attempts = attempts + 1
                     record.claim_token = token
@@ -276,24 +319,29 @@ def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list
         sent = o.result == SENT
         terminal = o.result == TERMINAL
         next_at = o.next_attempt_at if o.result == RETRY else None
-        rows.append({
-            "id": str(o.record.id),
-            "token": str(o.record.claim_token) if o.record.claim_token else None,
-            "status": sent_status if sent else failed_status,
-            "next_attempt_at": next_at.isoformat() if next_at else None,
-            "provider_message_id": o.provider_message_id,
-            "last_error": error,
-            "error_kind": "" if sent else o.error_kind,
-            "dead_lettered_at": at if terminal else None,
-            "dead_letter_reason": f"{o.error_kind}: {error}" if terminal else "",
-            "log_entry": {
-                "attempt": o.record.attempts, "at": at, "outcome": o.result,
-                # Attempt numbers restart after a requeue: the generation tells the runs apart.
-                "generation": o.record.requeue_count,
-                "error_kind": o.error_kind or None, "error": error[:300] or None,
-                "duration_ms": round(o.duration_ms, 1),
-            },
-        })
+        rows.append(
+            {
+                "id": str(o.record.id),
+                "token": str(o.record.claim_token) if o.record.claim_token else None,
+                "status": sent_status if sent else failed_status,
+                "next_attempt_at": next_at.isoformat() if next_at else None,
+                "provider_message_id": o.provider_message_id,
+                "last_error": error,
+                "error_kind": "" if sent else o.error_kind,
+                "dead_lettered_at": at if terminal else None,
+                "dead_letter_reason": f"{o.error_kind}: {error}" if terminal else "",
+                "log_entry": {
+                    "attempt": o.record.attempts,
+                    "at": at,
+                    "outcome": o.result,
+                    # Attempt numbers restart after a requeue: the generation tells the runs apart.
+                    "generation": o.record.requeue_count,
+                    "error_kind": o.error_kind or None,
+                    "error": error[:300] or None,
+                    "duration_ms": round(o.duration_ms, 1),
+                },
+            }
+        )
     with connection.cursor() as cursor:
         cursor.execute(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
         applied_rows = {row[0]: row for row in cursor.fetchall()}
@@ -303,20 +351,33 @@ def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list
             event_rows: list[dict[str, Any]] = []
             for o in with_events:
                 _, tenant, attempts, requeue_count, channel_key = applied_rows[o.record.id]
-                event_rows.append({
-                    "event_id": str(uuid.uuid4()), "key": str(o.record.id), "generation": requeue_count,
-                    "payload": events.dispatched_payload(
-                        notification_id=o.record.id, tenant_id=tenant, channel=channel_key,
-                        status=events.SENT if o.result == SENT else events.FAILED, attempts=attempts,
-                        provider_message_id=o.provider_message_id,
-                        error=(o.error or None) if o.result != SENT else None,
-                        error_kind=o.error_kind if o.result != SENT else None, occurred_at=now,
-                    ),
-                })
-            cursor.execute(_OUTBOX_INSERT, {
-                "topic": DISPATCHED_TOPIC, "version": CONTRACT_VERSION, "now": now,
-                "rows": json.dumps(event_rows),
-            })
+                event_rows.append(
+                    {
+                        "event_id": str(uuid.uuid4()),
+                        "key": str(o.record.id),
+                        "generation": requeue_count,
+                        "payload": events.dispatched_payload(
+                            notification_id=o.record.id,
+                            tenant_id=tenant,
+                            channel=channel_key,
+                            status=events.SENT if o.result == SENT else events.FAILED,
+                            attempts=attempts,
+                            provider_message_id=o.provider_message_id,
+                            error=(o.error or None) if o.result != SENT else None,
+                            error_kind=o.error_kind if o.result != SENT else None,
+                            occurred_at=now,
+                        ),
+                    }
+                )
+            cursor.execute(
+                _OUTBOX_INSERT,
+                {
+                    "topic": DISPATCHED_TOPIC,
+                    "version": CONTRACT_VERSION,
+                    "now": now,
+                    "rows": json.dumps(event_rows),
+                },
+            )
     return applied
 
 
@@ -332,16 +393,19 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
         _sort(report, outcomes, applied)
         return report
     except DatabaseError:
-        logger.warning("bulk finalize of %d outcomes failed; finalizing one by one", len(outcomes),
-                       exc_info=True)
+        logger.warning(
+            "bulk finalize of %d outcomes failed; finalizing one by one", len(outcomes), exc_info=True
+        )
     for outcome in outcomes:
         try:
             with transaction.atomic():
                 applied = _apply([outcome], now, guarded=True)
             _sort(report, [outcome], applied)
         except DatabaseError:
-            logger.exception("finalize of notification %s failed; its lease will expire and it will be "
-                             "retried", outcome.record.id)
+            logger.exception(
+                "finalize of notification %s failed; its lease will expire and it will be retried",
+                outcome.record.id,
+            )
             report.failed.append(outcome)
             if connection.connection is not None and connection.is_usable() is False:
                 connection.close()
@@ -371,7 +435,7 @@ def release(records: Sequence[ClaimedRecord]) -> int:
     with transaction.atomic(), pgtrigger.ignore(_ATTEMPTS_TRIGGER), connection.cursor() as cursor:
         # Positional parameters: pgtrigger.ignore prefixes the statement with its own.
         cursor.execute(_RELEASE, [[r.id for r in records], [r.claim_token for r in records]])
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def _sort(report: FinalizeReport, outcomes: Sequence[Outcome], applied: Sequence[Outcome]) -> None:

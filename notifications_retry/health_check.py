@@ -38,8 +38,9 @@ class Liveness:
         return f"{state}: lane {self.lane!r}: {self.reason}"
 
 
-def check_liveness(lane: str | None = None, max_age: float | None = None,
-                   clock: Clock | None = None) -> Liveness:
+def check_liveness(
+    lane: str | None = None, max_age: float | None = None, clock: Clock | None = None
+) -> Liveness:
     """Unhealthy when the lane never completed a tick, or its last completed tick is older than
     ``max_age`` seconds (default ``HEARTBEAT_MAX_AGE_SECONDS``), or the database cannot be read."""
     conf = get_settings()
@@ -50,13 +51,27 @@ def check_liveness(lane: str | None = None, max_age: float | None = None,
         now = clock.now()
         beat = WorkerHeartbeat.objects.filter(lane=lane).first()
     except DatabaseError as exc:
-        return Liveness(lane, False, f"cannot read the heartbeat: {exc.__class__.__name__}: {exc}".strip(),
-                        limit)
+        return Liveness(
+            lane, False, f"cannot read the heartbeat: {exc.__class__.__name__}: {exc}".strip(), limit
+        )
     if beat is None or beat.last_tick_completed_at is None:
         return Liveness(lane, False, "no tick has completed yet", limit)
     age = (now - beat.last_tick_completed_at).total_seconds()
     if age > limit:
-        return Liveness(lane, False, f"last tick completed {age:.0f}s ago (max {limit:g}s, host "
-                        f"{beat.hostname or '?'} pid {beat.pid})", limit, beat.last_tick_completed_at, age)
-    return Liveness(lane, True, f"last tick completed {max(age, 0):.0f}s ago (max {limit:g}s)", limit,
-                    beat.last_tick_completed_at, age)
+        return Liveness(
+            lane,
+            False,
+            f"last tick completed {age:.0f}s ago (max {limit:g}s, host "
+            f"{beat.hostname or '?'} pid {beat.pid})",
+            limit,
+            beat.last_tick_completed_at,
+            age,
+        )
+    return Liveness(
+        lane,
+        True,
+        f"last tick completed {max(age, 0):.0f}s ago (max {limit:g}s)",
+        limit,
+        beat.last_tick_completed_at,
+        age,
+    )

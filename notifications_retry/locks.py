@@ -7,6 +7,7 @@ locks do not survive PgBouncer transaction pooling: point ``LOCK_DATABASE_ALIAS`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -105,8 +106,6 @@ class AdvisoryLock:
     def _discard(self) -> None:
         self.held = False
         if self._conn is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 self._conn.close()
-            except psycopg.Error:
-                pass
         self._conn = None

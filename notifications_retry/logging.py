@@ -32,20 +32,72 @@ __all__ = ["MASK", "mask_event_dict", "mask_text", "mask_value", "processors", "
 MASK = "***"
 
 # Keys are compared lower-cased with "-" read as "_" (HTTP header names arrive either way).
-RECIPIENT_KEYS = frozenset({
-    "recipient", "recipients", "to", "cc", "bcc", "email", "email_address", "emails", "phone",
-    "phone_number", "msisdn", "address", "addresses", "device_token", "push_token", "registration_id",
-    "destination", "user_email",
-})
-SECRET_KEYS = frozenset({
-    "token", "tokens", "access_token", "refresh_token", "id_token", "api_key", "apikey", "x_api_key",
-    "authorization", "proxy_authorization", "password", "passwd", "secret", "client_secret",
-    "webhook_secret", "signature", "x_signature", "cookie", "set_cookie", "credentials", "session",
-})
-BODY_KEYS = frozenset({
-    "body", "payload", "content", "html", "text", "subject", "data", "template_context",
-    "request_body", "response_body", "params", "form", "json", "attachments", "headers",
-})
+RECIPIENT_KEYS = frozenset(
+    {
+        "recipient",
+        "recipients",
+        "to",
+        "cc",
+        "bcc",
+        "email",
+        "email_address",
+        "emails",
+        "phone",
+        "phone_number",
+        "msisdn",
+        "address",
+        "addresses",
+        "device_token",
+        "push_token",
+        "registration_id",
+        "destination",
+        "user_email",
+    }
+)
+SECRET_KEYS = frozenset(
+    {
+        "token",
+        "tokens",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "api_key",
+        "apikey",
+        "x_api_key",
+        "authorization",
+        "proxy_authorization",
+        "password",
+        "passwd",
+        "secret",
+        "client_secret",
+        "webhook_secret",
+        "signature",
+        "x_signature",
+        "cookie",
+        "set_cookie",
+        "credentials",
+        "session",
+    }
+)
+BODY_KEYS = frozenset(
+    {
+        "body",
+        "payload",
+        "content",
+        "html",
+        "text",
+        "subject",
+        "data",
+        "template_context",
+        "request_body",
+        "response_body",
+        "params",
+        "form",
+        "json",
+        "attachments",
+        "headers",
+    }
+)
 RECIPIENT_SUFFIXES = ("_recipient", "_email", "_phone", "_address", "_device_token")
 SECRET_SUFFIXES = ("_token", "_secret", "_password", "_api_key", "_signature")
 BODY_SUFFIXES = ("_body", "_payload", "_content", "_html")

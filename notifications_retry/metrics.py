@@ -15,39 +15,48 @@ PROCESSED = Counter(
 )
 SENT = Counter("notifications_retry_sent_total", "Records delivered by the retry worker.", ["channel"])
 RETRIED = Counter(
-    "notifications_retry_retried_total", "Retriable failures scheduled for another attempt.",
+    "notifications_retry_retried_total",
+    "Retriable failures scheduled for another attempt.",
     ["channel", "error_kind"],
 )
 TERMINAL_FAILED = Counter(
-    "notifications_retry_terminal_failed_total", "Records that became dead letters.",
+    "notifications_retry_terminal_failed_total",
+    "Records that became dead letters.",
     ["channel", "error_kind"],
 )
 CHANNEL_DISABLED = Counter(
     "notifications_retry_channel_disabled_total",
-    "Due records left waiting because their channel is disabled or misconfigured.", ["channel"],
+    "Due records left waiting because their channel is disabled or misconfigured.",
+    ["channel"],
 )
 FAILED_BACKLOG = Gauge("notifications_failed_backlog_gauge", "Failed records waiting for a retry.")
 DUE_BACKLOG = Gauge("notifications_retry_due_backlog", "Records due now.")
 OLDEST_DUE_AGE = Gauge("notifications_retry_oldest_due_age_seconds", "Age of the oldest due record (lag).")
 CYCLE_DURATION = Histogram(
-    "notifications_retry_cycle_duration_ms", "Duration of a tick in milliseconds.", ["lane"],
+    "notifications_retry_cycle_duration_ms",
+    "Duration of a tick in milliseconds.",
+    ["lane"],
     buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 30000, 45000, 60000, 120000),
 )
 LAST_CYCLE_DURATION = Gauge(
-    "notifications_retry_last_cycle_duration_ms", "Duration of the last completed tick in milliseconds.",
+    "notifications_retry_last_cycle_duration_ms",
+    "Duration of the last completed tick in milliseconds.",
     ["lane"],
 )
 LAST_TICK_STARTED = Gauge(
     "notifications_retry_last_tick_started_timestamp_seconds",
-    "Unix time this process last started a tick it owns (with the lock).", ["lane"],
+    "Unix time this process last started a tick it owns (with the lock).",
+    ["lane"],
 )
 LAST_TICK_COMPLETED = Gauge(
-    "notifications_retry_last_tick_completed_timestamp_seconds", "Unix time of the last completed tick.",
+    "notifications_retry_last_tick_completed_timestamp_seconds",
+    "Unix time of the last completed tick.",
     ["lane"],
 )
 LOCK_HELD = Gauge("notifications_retry_lock_held", "1 while this process owns the cycle's lock.", ["lane"])
 CIRCUIT_STATE = Gauge(
-    "notifications_retry_circuit_state", "Circuit breaker per channel: 0 closed, 1 half open, 2 open.",
+    "notifications_retry_circuit_state",
+    "Circuit breaker per channel: 0 closed, 1 half open, 2 open.",
     ["channel"],
 )
 CIRCUIT_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}

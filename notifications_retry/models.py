@@ -56,7 +56,7 @@ class ChannelConfig(models.Model):
         null=True, blank=True, validators=[MinValueValidator(0.001)], help_text="Empty: no limit."
     )
     max_concurrency = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
-    options = models.JSONField(default=dict, blank=True, help_text="Provider options, e.g. {\"url\": …}.")
+    options = models.JSONField(default=dict, blank=True, help_text='Provider options, e.g. {"url": …}.')
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -106,8 +106,10 @@ class ChannelConfig(models.Model):
 
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
-        if self.backoff_cap_seconds is not None and self.backoff_base_seconds is not None and (
-            self.backoff_cap_seconds < self.backoff_base_seconds
+        if (
+            self.backoff_cap_seconds is not None
+            and self.backoff_base_seconds is not None
+            and (self.backoff_cap_seconds < self.backoff_base_seconds)
         ):
             errors.setdefault("backoff_cap_seconds", []).append("The cap must be at least the base delay.")
         problems = self.configuration_problems()
@@ -216,20 +218,29 @@ class NotificationEntity(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="NotificationId")
     tenant_id = models.UUIDField(null=True, blank=True, db_index=True)
-    channel = models.ForeignKey(ChannelConfig, on_delete=models.PROTECT, related_name="notifications",
-                                db_index=False)
+    channel = models.ForeignKey(
+        ChannelConfig, on_delete=models.PROTECT, related_name="notifications", db_index=False
+    )
     recipient = models.TextField()
     payload = models.JSONField(default=dict, blank=True)
-    notification_type = models.CharField(max_length=64, blank=True, default="",
-                                         help_text="e.g. transactional, marketing: sets the attempt budget.")
+    notification_type = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="e.g. transactional, marketing: sets the attempt budget.",
+    )
     priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     scheduled_at = models.DateTimeField(null=True, blank=True, help_text="Deferred (quiet hours) until then.")
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Not sent after this deadline.")
-    due_at = models.DateTimeField(null=True, blank=True, editable=False,
-                                  help_text="Maintained by a trigger: when the worker may take the row.")
+    due_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Maintained by a trigger: when the worker may take the row.",
+    )
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     # NULL (no id from the provider) is kept apart from "", and finalize COALESCEs on it.
@@ -258,10 +269,16 @@ class NotificationEntity(models.Model):
         indexes = [
             # Partial indexes: a tick's cost must not grow with the number of Sent rows.
             models.Index(fields=["due_at", "priority"], name="nr_due_idx", condition=Q(due_at__isnull=False)),
-            models.Index(fields=["channel", "due_at", "priority"], name="nr_channel_due_idx",
-                         condition=Q(due_at__isnull=False)),
-            models.Index(fields=["dead_lettered_at"], name="nr_dead_letter_idx",
-                         condition=Q(dead_lettered_at__isnull=False)),
+            models.Index(
+                fields=["channel", "due_at", "priority"],
+                name="nr_channel_due_idx",
+                condition=Q(due_at__isnull=False),
+            ),
+            models.Index(
+                fields=["dead_lettered_at"],
+                name="nr_dead_letter_idx",
+                condition=Q(dead_lettered_at__isnull=False),
+            ),
             models.Index(fields=["status", "created_at"], name="nr_status_created_idx"),
             models.Index(fields=["provider_message_id"], name="nr_provider_message_idx"),
         ]
@@ -273,9 +290,7 @@ class NotificationEntity(models.Model):
             check_constraint(
                 Q(resolution="") | Q(dead_lettered_at__isnull=False), "nr_resolution_needs_dead_letter"
             ),
-            check_constraint(
-                Q(resolution__in=["", "discarded", "unresolvable"]), "nr_resolution_valid"
-            ),
+            check_constraint(Q(resolution__in=["", "discarded", "unresolvable"]), "nr_resolution_valid"),
         ]
         triggers = [
             pgtrigger.Trigger(
@@ -390,8 +405,11 @@ class Outbox(models.Model):
             models.Index(
                 fields=["id"], name="nr_outbox_unpublished_idx", condition=Q(published_at__isnull=True)
             ),
-            models.Index(fields=["published_at"], name="nr_outbox_published_idx",
-                         condition=Q(published_at__isnull=False)),
+            models.Index(
+                fields=["published_at"],
+                name="nr_outbox_published_idx",
+                condition=Q(published_at__isnull=False),
+            ),
         ]
         triggers = [
             pgtrigger.Trigger(

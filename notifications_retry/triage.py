@@ -60,8 +60,12 @@ def requeue(
                 continue
             # The audit row goes first: the database refuses a requeue without it (nr_requeue_audited).
             DeadLetterAction.objects.create(
-                notification=row, action=DeadLetterAction.Action.REQUEUE, actor=actor, reason=reason,
-                attempts_before=row.attempts, created_at=now,
+                notification=row,
+                action=DeadLetterAction.Action.REQUEUE,
+                actor=actor,
+                reason=reason,
+                attempts_before=row.attempts,
+                created_at=now,
             )
             NotificationEntity.objects.filter(pk=row.pk).update(
                 attempts=0,
@@ -95,8 +99,12 @@ def discard(
                 result.refused[row.pk] = "already discarded"
                 continue
             DeadLetterAction.objects.create(
-                notification=row, action=DeadLetterAction.Action.DISCARD, actor=actor, reason=reason,
-                attempts_before=row.attempts, created_at=now,
+                notification=row,
+                action=DeadLetterAction.Action.DISCARD,
+                actor=actor,
+                reason=reason,
+                attempts_before=row.attempts,
+                created_at=now,
             )
             NotificationEntity.objects.filter(pk=row.pk).update(
                 resolution=NotificationEntity.Resolution.DISCARDED, resolved_at=now, updated_at=now
@@ -117,8 +125,12 @@ def expire_dead_letters(*, retention: timedelta, now: datetime | None = None) ->
         )
         DeadLetterAction.objects.bulk_create(
             DeadLetterAction(
-                notification=row, action=DeadLetterAction.Action.EXPIRE, actor="system",
-                reason=f"unresolved for more than {retention}", attempts_before=row.attempts, created_at=now,
+                notification=row,
+                action=DeadLetterAction.Action.EXPIRE,
+                actor="system",
+                reason=f"unresolved for more than {retention}",
+                attempts_before=row.attempts,
+                created_at=now,
             )
             for row in rows
         )
@@ -171,15 +183,17 @@ def attempt_history(attempt_log: list[dict[str, Any]]) -> list[GenerationSummary
     for generation, entries in sorted(runs.items()):
         kinds = Counter(str(e["error_kind"]) for e in entries if e.get("error_kind"))
         errors = [e.get("error") for e in entries if e.get("error")]
-        summaries.append(GenerationSummary(
-            generation=generation,
-            attempts=len(entries),
-            first_at=entries[0].get("at"),
-            last_at=entries[-1].get("at"),
-            outcome=str(entries[-1].get("outcome", "")),
-            error_kinds=dict(kinds),
-            last_error=errors[-1] if errors else None,
-        ))
+        summaries.append(
+            GenerationSummary(
+                generation=generation,
+                attempts=len(entries),
+                first_at=entries[0].get("at"),
+                last_at=entries[-1].get("at"),
+                outcome=str(entries[-1].get("outcome", "")),
+                error_kinds=dict(kinds),
+                last_error=errors[-1] if errors else None,
+            )
+        )
     return summaries
 
 

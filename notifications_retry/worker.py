@@ -92,8 +92,11 @@ class ChannelRuntime:
         self.config = config
         self.provider = provider
         self.limiter = RateLimiter(config.rate_limit_per_second)
-        self.breaker = CircuitBreaker(conf.CIRCUIT_FAILURE_THRESHOLD, conf.CIRCUIT_COOLDOWN_SECONDS,
-                                      on_change=functools.partial(_circuit_changed, config.key))
+        self.breaker = CircuitBreaker(
+            conf.CIRCUIT_FAILURE_THRESHOLD,
+            conf.CIRCUIT_COOLDOWN_SECONDS,
+            on_change=functools.partial(_circuit_changed, config.key),
+        )
         self.paused_until = 0.0
         self.inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
@@ -141,7 +144,6 @@ class ChannelRuntime:
         return self.inline or self.inflight < self.config.max_concurrency
 
 
-
 def _circuit_changed(channel: str, old: str, new: str) -> None:
     """Publish a breaker's state change as the gauge and a ``circuit-<state>`` log event."""
     metrics.CIRCUIT_STATE.labels(channel).set(metrics.CIRCUIT_STATE_VALUES[new])
@@ -150,8 +152,17 @@ def _circuit_changed(channel: str, old: str, new: str) -> None:
 
 def channel_fingerprint(c: ChannelConfig) -> tuple[Any, ...]:
     """What, when changed, makes the worker rebuild a channel's provider and flow control."""
-    return (c.provider_key, c.timeout_seconds, c.max_concurrency, c.rate_limit_per_second, repr(c.options),
-                c.retry_backoff, c.backoff_base_seconds, c.backoff_cap_seconds, c.max_attempts)
+    return (
+        c.provider_key,
+        c.timeout_seconds,
+        c.max_concurrency,
+        c.rate_limit_per_second,
+        repr(c.options),
+        c.retry_backoff,
+        c.backoff_base_seconds,
+        c.backoff_cap_seconds,
+        c.max_attempts,
+    )
 
 
 class Worker:
@@ -182,7 +193,9 @@ class Worker:
         lane_conf: Mapping[str, Any] = {}
         if lane and lane != DEFAULT_LANE:
             if lane not in self.conf.LANES:
-                raise ValueError(f"unknown lane {lane!r}; configured lanes: {sorted(self.conf.LANES) or 'none'}")
+                raise ValueError(
+                    f"unknown lane {lane!r}; configured lanes: {sorted(self.conf.LANES) or 'none'}"
+                )
             lane_conf = self.conf.LANES[lane]
         self.lane_priorities: list[int] | None = list(lane_conf.get("priorities") or []) or None
         self.lane_channels: set[str] | None = set(lane_conf.get("channels") or []) or None
@@ -190,8 +203,11 @@ class Worker:
         self.rng = rng or random.Random()
         self._sleep = sleep
         lock_name = self.conf.LOCK_KEY if self.lane == DEFAULT_LANE else f"{self.conf.LOCK_KEY}:{self.lane}"
-        self.lock = AdvisoryLock(lock_name, using=self.conf.LOCK_DATABASE_ALIAS,
-                                 idle_session_timeout=self.conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS)
+        self.lock = AdvisoryLock(
+            lock_name,
+            using=self.conf.LOCK_DATABASE_ALIAS,
+            idle_session_timeout=self.conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+        )
         self._stop = threading.Event()
         self._runtimes: dict[int, ChannelRuntime] = {}
         self._fingerprints: dict[int, tuple[Any, ...]] = {}
@@ -271,14 +287,22 @@ class Worker:
             metrics.LAST_TICK_STARTED.labels(self.lane).set(time.time())
             try:
                 self.clock.sync()
-                bound.info("retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration)
+                bound.info(
+                    "retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration
+                )
                 self._heartbeat(started_at=self.clock.now())
-                with tracing.span("notifications_retry.tick", job_run_id=stats.run_id,
-                                  lane=self.lane) as span:
+                with tracing.span(
+                    "notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane
+                ) as span:
                     self._run_id, self._trace_parent = stats.run_id, tracing.current_context()
                     self._cycle(stats, started, bound)
-                    tracing.set_attributes(span, processed=stats.processed, sent=stats.sent,
-                                           retried=stats.retried, terminal=stats.terminal)
+                    tracing.set_attributes(
+                        span,
+                        processed=stats.processed,
+                        sent=stats.sent,
+                        retried=stats.retried,
+                        terminal=stats.terminal,
+                    )
             finally:
                 self.lock.release()
                 metrics.LOCK_HELD.labels(self.lane).set(0)
@@ -383,11 +407,24 @@ class Worker:
             except queue.Empty:
                 return finished
 
-    def _claim(self, plan: list[ChannelClaim], remaining: int, runtimes: dict[int, ChannelRuntime],
-               stats: TickStats, results: list[Outcome], bound: Any) -> None:
+    def _claim(
+        self,
+        plan: list[ChannelClaim],
+        remaining: int,
+        runtimes: dict[int, ChannelRuntime],
+        stats: TickStats,
+        results: list[Outcome],
+        bound: Any,
+    ) -> None:
         budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
-        batch = claim_due(self.clock.now(), plan, total=remaining, budgets=budgets,
-                          attempts_by_type=self.conf.ATTEMPTS_BY_TYPE, priorities=self.lane_priorities)
+        batch = claim_due(
+            self.clock.now(),
+            plan,
+            total=remaining,
+            budgets=budgets,
+            attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
+            priorities=self.lane_priorities,
+        )
         got: dict[int, int] = {}
         for record in batch.records:
             runtimes[record.channel_id].queue.append(record)
@@ -413,49 +450,102 @@ class Worker:
 
     def _send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         """Send one record in its own span, parented to the tick's span even from a pool thread."""
-        with tracing.span("notifications_retry.record", parent=self._trace_parent, **{
-            "job_run_id": self._run_id, "notification.id": str(record.id),
-            "notification.channel": rt.config.key, "notification.attempt": record.attempts,
-            "tenant.id": record.tenant_id, "correlation_id": record.correlation_id or None,
-        }) as span:
+        with tracing.span(
+            "notifications_retry.record",
+            parent=self._trace_parent,
+            **{
+                "job_run_id": self._run_id,
+                "notification.id": str(record.id),
+                "notification.channel": rt.config.key,
+                "notification.attempt": record.attempts,
+                "tenant.id": record.tenant_id,
+                "correlation_id": record.correlation_id or None,
+            },
+        ) as span:
             outcome = self._call(rt, record)
-            tracing.set_attributes(span, **{"notification.outcome": outcome.result,
-                                            "notification.error_kind": outcome.error_kind or None})
+            tracing.set_attributes(
+                span,
+                **{
+                    "notification.outcome": outcome.result,
+                    "notification.error_kind": outcome.error_kind or None,
+                },
+            )
         return outcome
 
     def _call(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         """Call the provider (no transaction open) and classify what happened."""
         started = time.monotonic()
         message = OutgoingMessage(
-            notification_id=record.id, tenant_id=record.tenant_id, channel=rt.config.key,
-            recipient=record.recipient, payload=record.payload, attempt=record.attempts,
-            priority=record.priority, notification_type=record.notification_type,
+            notification_id=record.id,
+            tenant_id=record.tenant_id,
+            channel=rt.config.key,
+            recipient=record.recipient,
+            payload=record.payload,
+            attempt=record.attempts,
+            priority=record.priority,
+            notification_type=record.notification_type,
         )
         try:
-            with tracing.span("notifications_retry.provider.send", **{
-                "notification.id": str(record.id), "notification.channel": rt.config.key,
-                "notification.attempt": record.attempts, "correlation_id": record.correlation_id or None,
-                "provider.key": rt.config.provider_key, "job_run_id": self._run_id,
-            }):
+            with tracing.span(
+                "notifications_retry.provider.send",
+                **{
+                    "notification.id": str(record.id),
+                    "notification.channel": rt.config.key,
+                    "notification.attempt": record.attempts,
+                    "correlation_id": record.correlation_id or None,
+                    "provider.key": rt.config.provider_key,
+                    "job_run_id": self._run_id,
+                },
+            ):
                 result = rt.provider.send(message)
-            return Outcome(record, SENT, provider_message_id=result.provider_message_id,
-                           duration_ms=(time.monotonic() - started) * 1000)
+            return Outcome(
+                record,
+                SENT,
+                provider_message_id=result.provider_message_id,
+                duration_ms=(time.monotonic() - started) * 1000,
+            )
         except ProviderError as exc:
             return self._failure(rt, record, exc.retriable, exc.kind, str(exc), exc.retry_after, started)
-        except Exception as exc:  # noqa: BLE001 — a provider bug is a retriable failure of this record only
-            return self._failure(rt, record, True, "provider_crash", f"{type(exc).__name__}: {exc}", None, started)
+        except Exception as exc:
+            return self._failure(
+                rt, record, True, "provider_crash", f"{type(exc).__name__}: {exc}", None, started
+            )
 
-    def _failure(self, rt: ChannelRuntime, record: ClaimedRecord, retriable: bool, kind: str, error: str,
-                 retry_after: float | None, started: float) -> Outcome:
+    def _failure(
+        self,
+        rt: ChannelRuntime,
+        record: ClaimedRecord,
+        retriable: bool,
+        kind: str,
+        error: str,
+        retry_after: float | None,
+        started: float,
+    ) -> Outcome:
         duration = (time.monotonic() - started) * 1000
-        budget = attempt_budget(rt.config.max_attempts, rt.config.key, record.notification_type,
-                                self.conf.ATTEMPTS_BY_TYPE)
+        budget = attempt_budget(
+            rt.config.max_attempts, rt.config.key, record.notification_type, self.conf.ATTEMPTS_BY_TYPE
+        )
         if not retriable or record.attempts >= budget:
-            return Outcome(record, TERMINAL, error_kind=kind, error=error, duration_ms=duration,
-                           retry_after=retry_after, retriable=retriable)
+            return Outcome(
+                record,
+                TERMINAL,
+                error_kind=kind,
+                error=error,
+                duration_ms=duration,
+                retry_after=retry_after,
+                retriable=retriable,
+            )
         when = next_attempt_at(record.attempts, self.clock.now(), self.rng, rt.policy, retry_after)
-        return Outcome(record, RETRY, error_kind=kind, error=error, next_attempt_at=when, duration_ms=duration,
-                       retry_after=retry_after, retriable=True)
+        return Outcome(
+            record,
+            RETRY,
+            error_kind=kind,
+            error=error,
+            next_attempt_at=when,
+            duration_ms=duration,
+            retry_after=retry_after,
+            retriable=True,
+        )
 
     def _account(self, rt: ChannelRuntime, outcome: Outcome, results: list[Outcome], bound: Any) -> None:
         """Feed the outcome to the channel's flow control (throttling pauses, circuit breaker)."""
@@ -467,14 +557,24 @@ class Worker:
             rt.paused_until = max(rt.paused_until, now_mono + pause)
             changed = None
             rt.breaker.neutral()
-            bound.warning("channel-throttled", channel=rt.config.key, pause_s=round(pause, 3),
-                          deferred=len(rt.queue))
+            bound.warning(
+                "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)
+            )
             # The provider asked the whole channel to wait: records already claimed for it are not sent
             # before Retry-After; they are rescheduled like the throttled one (the attempt stays counted).
             while rt.queue:
                 record = rt.queue.popleft()
-                results.append(self._failure(rt, record, True, "throttled",
-                                             "channel throttled by the provider; not sent", pause, now_mono))
+                results.append(
+                    self._failure(
+                        rt,
+                        record,
+                        True,
+                        "throttled",
+                        "channel throttled by the provider; not sent",
+                        pause,
+                        now_mono,
+                    )
+                )
         elif outcome.retriable:
             changed = rt.breaker.failure(now_mono)
         else:
@@ -485,19 +585,33 @@ class Worker:
             # back (attempts restored, lease cleared) instead of sending them into an outage.
             queued = list(rt.queue)
             rt.queue.clear()
-            bound.info("records-released", channel=rt.config.key, count=release(queued),
-                       reason="circuit opened before they were sent")
+            bound.info(
+                "records-released",
+                channel=rt.config.key,
+                count=release(queued),
+                reason="circuit opened before they were sent",
+            )
 
-    def _abandon_hung(self, inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]],
-                      results: list[Outcome], bound: Any) -> None:
+    def _abandon_hung(
+        self,
+        inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]],
+        results: list[Outcome],
+        bound: Any,
+    ) -> None:
         now_mono = time.monotonic()
         for future, (record, rt, started) in list(inflight.items()):
             if now_mono - started > rt.config.timeout_seconds + ABANDON_GRACE_SECONDS:
                 del inflight[future]
                 rt.inflight -= 1
-                outcome = self._failure(rt, record, True, "timeout",
-                                        f"provider did not return within {rt.config.timeout_seconds:g}s",
-                                        None, started)
+                outcome = self._failure(
+                    rt,
+                    record,
+                    True,
+                    "timeout",
+                    f"provider did not return within {rt.config.timeout_seconds:g}s",
+                    None,
+                    started,
+                )
                 results.append(outcome)
                 self._account(rt, outcome, results, bound)
 
@@ -514,18 +628,25 @@ class Worker:
             rt = self._runtimes[outcome.record.channel_id]
             self._record_final(outcome, rt, stats, bound)
         for outcome in report.stale:
-            bound.warning("item-stale", notification_id=str(outcome.record.id),
-                          reason="claim expired or taken over; outcome discarded")
+            bound.warning(
+                "item-stale",
+                notification_id=str(outcome.record.id),
+                reason="claim expired or taken over; outcome discarded",
+            )
 
     def _record_final(self, outcome: Outcome, rt: ChannelRuntime, stats: TickStats, bound: Any) -> None:
         """Count, log and alert one committed outcome."""
         channel = rt.config.key
         record = outcome.record
         stats.processed += 1
-        context = dict(notification_id=str(record.id), channel=channel,
-                       tenant_id=str(record.tenant_id) if record.tenant_id else None,
-                       attempt=record.attempts, duration_ms=round(outcome.duration_ms, 1),
-                       correlation_id=record.correlation_id or None)
+        context = dict(
+            notification_id=str(record.id),
+            channel=channel,
+            tenant_id=str(record.tenant_id) if record.tenant_id else None,
+            attempt=record.attempts,
+            duration_ms=round(outcome.duration_ms, 1),
+            correlation_id=record.correlation_id or None,
+        )
         metrics.PROCESSED.labels(channel, outcome.result).inc()
         if outcome.result == SENT:
             stats.sent += 1
@@ -534,16 +655,31 @@ class Worker:
         elif outcome.result == RETRY:
             stats.retried += 1
             metrics.RETRIED.labels(channel, outcome.error_kind).inc()
-            bound.info("item-retried", outcome="retry", error_kind=outcome.error_kind,
-                       next_attempt_at=outcome.next_attempt_at.isoformat() if outcome.next_attempt_at else None,
-                       **context)
+            bound.info(
+                "item-retried",
+                outcome="retry",
+                error_kind=outcome.error_kind,
+                next_attempt_at=outcome.next_attempt_at.isoformat() if outcome.next_attempt_at else None,
+                **context,
+            )
         else:
             stats.terminal += 1
             metrics.TERMINAL_FAILED.labels(channel, outcome.error_kind).inc()
-            bound.error("item-failed-terminal", outcome="terminal", error_kind=outcome.error_kind,
-                        error=redact(outcome.error, record.recipient, record.payload)[:300], **context)
-            terminal_failure.send(sender=Worker, notification_id=record.id, channel=channel,
-                                  error_kind=outcome.error_kind, error=outcome.error, attempts=record.attempts)
+            bound.error(
+                "item-failed-terminal",
+                outcome="terminal",
+                error_kind=outcome.error_kind,
+                error=redact(outcome.error, record.recipient, record.payload)[:300],
+                **context,
+            )
+            terminal_failure.send(
+                sender=Worker,
+                notification_id=record.id,
+                channel=channel,
+                error_kind=outcome.error_kind,
+                error=outcome.error,
+                attempts=record.attempts,
+            )
 
     # -- channels ------------------------------------------------------------------------------
 
@@ -588,11 +724,16 @@ class Worker:
         runtime.inflight = 0
         return runtime
 
-    def _report_unusable(self, unusable: dict[int, tuple[ChannelConfig, str]], stats: TickStats,
-                         bound: Any) -> None:
+    def _report_unusable(
+        self, unusable: dict[int, tuple[ChannelConfig, str]], stats: TickStats, bound: Any
+    ) -> None:
         now = self.clock.now()
-        rows = (NotificationEntity.objects.due(now).filter(channel_id__in=list(unusable))
-                .values_list("channel_id").order_by())
+        rows = (
+            NotificationEntity.objects.due(now)
+            .filter(channel_id__in=list(unusable))
+            .values_list("channel_id")
+            .order_by()
+        )
         counts: dict[int, int] = {}
         for (cid,) in rows.iterator():
             counts[cid] = counts.get(cid, 0) + 1
@@ -604,14 +745,20 @@ class Worker:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.conf.WORKER_THREADS,
-                                            thread_name_prefix="notifications-retry-send")
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.conf.WORKER_THREADS, thread_name_prefix="notifications-retry-send"
+            )
         return self._pool
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _heartbeat(self, *, started_at: datetime | None = None, completed_at: datetime | None = None,
-                   tick_stats: dict[str, Any] | None = None) -> None:
+    def _heartbeat(
+        self,
+        *,
+        started_at: datetime | None = None,
+        completed_at: datetime | None = None,
+        tick_stats: dict[str, Any] | None = None,
+    ) -> None:
         values: dict[str, Any] = {"hostname": socket.gethostname()[:255], "pid": os.getpid()}
         if started_at is not None:
             values["last_tick_started_at"] = started_at
@@ -632,17 +779,28 @@ class Worker:
             metrics.OLDEST_DUE_AGE.set(current.oldest_due_age_seconds)
             metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())
             BacklogSample.objects.create(
-                taken_at=now, due_backlog=current.due, failed_backlog=current.failed_backlog,
+                taken_at=now,
+                due_backlog=current.due,
+                failed_backlog=current.failed_backlog,
                 dead_letters_unresolved=current.dead_letters_unresolved,
                 oldest_due_age_seconds=current.oldest_due_age_seconds,
             )
             self._heartbeat(completed_at=now, tick_stats=stats.as_dict())
         except DatabaseError as exc:
             bound.warning("tick-bookkeeping-failed", error=repr(exc))
-        bound.info("cycle-completed", processed=stats.processed, sent=stats.sent, retried=stats.retried,
-                   terminal=stats.terminal, stale=stats.stale, channel_disabled=stats.channel_disabled,
-                   duration_ms=round(stats.duration_ms, 1), stopped=stats.stopped,
-                   deadline_reached=stats.deadline_reached, lock_lost=stats.lock_lost)
+        bound.info(
+            "cycle-completed",
+            processed=stats.processed,
+            sent=stats.sent,
+            retried=stats.retried,
+            terminal=stats.terminal,
+            stale=stats.stale,
+            channel_disabled=stats.channel_disabled,
+            duration_ms=round(stats.duration_ms, 1),
+            stopped=stats.stopped,
+            deadline_reached=stats.deadline_reached,
+            lock_lost=stats.lock_lost,
+        )
 
 
 def _drop_broken_connection() -> None:
@@ -655,9 +813,15 @@ def _drop_broken_connection() -> None:
         connection.close()
 
 
-def run_worker(*, once: bool, batch_size: int | None = None, max_duration: float | None = None,
-               interval: float | None = None, lane: str | None = None,
-               install_signals: bool = True) -> Sequence[TickStats]:
+def run_worker(
+    *,
+    once: bool,
+    batch_size: int | None = None,
+    max_duration: float | None = None,
+    interval: float | None = None,
+    lane: str | None = None,
+    install_signals: bool = True,
+) -> Sequence[TickStats]:
     """What the management command calls."""
     worker = Worker(batch_size=batch_size, max_duration=max_duration, interval=interval, lane=lane)
     if install_signals:

@@ -114,8 +114,9 @@ class _DeadlineStream(httpcore.NetworkStream):
     def close(self) -> None:
         self.inner.close()
 
-    def start_tls(self, ssl_context: typing.Any, server_hostname: str | None = None,
-                  timeout: float | None = None) -> httpcore.NetworkStream:
+    def start_tls(
+        self, ssl_context: typing.Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
         inner = self.inner.start_tls(ssl_context, server_hostname, _bounded(timeout, httpcore.ConnectTimeout))
         return _DeadlineStream(inner)
 
@@ -126,11 +127,17 @@ class _DeadlineStream(httpcore.NetworkStream):
 class _DeadlineBackend(httpcore.SyncBackend):
     """httpcore's socket backend with every stream bounded by the thread's request deadline."""
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                    local_address: str | None = None,
-                    socket_options: Iterable[typing.Any] | None = None) -> httpcore.NetworkStream:
-        stream = super().connect_tcp(host, port, _bounded(timeout, httpcore.ConnectTimeout), local_address,
-                                     socket_options)
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(
+            host, port, _bounded(timeout, httpcore.ConnectTimeout), local_address, socket_options
+        )
         return _DeadlineStream(stream)
 
 
@@ -220,7 +227,9 @@ class WebhookProvider(Provider):
         try:
             return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
         except (TypeError, ValueError) as exc:
-            raise PermanentProviderError(f"payload cannot be serialized: {exc}", kind="serialization") from exc
+            raise PermanentProviderError(
+                f"payload cannot be serialized: {exc}", kind="serialization"
+            ) from exc
 
     def send(self, message: OutgoingMessage) -> SendResult:
         body = self.body(message)
@@ -238,7 +247,9 @@ class WebhookProvider(Provider):
             # caller outside the worker does.
             client = self._clients.get(timeout=self.timeout)
         except queue.Empty:
-            raise RetryableProviderError("no free webhook connection within the timeout", kind="timeout") from None
+            raise RetryableProviderError(
+                "no free webhook connection within the timeout", kind="timeout"
+            ) from None
         _deadline.at = deadline
         try:
             with client.stream("POST", self.url, content=body, headers=headers) as response:

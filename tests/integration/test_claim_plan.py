@@ -60,7 +60,8 @@ def test_claim_uses_the_partial_due_index_and_never_scans_the_table(clock, fille
     on_table = [n for n in nodes if n.get("Relation Name") == TABLE]
     assert on_table, nodes
     assert all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan") for n in on_table), [
-        n["Node Type"] for n in on_table]
+        n["Node Type"] for n in on_table
+    ]
     used = {n.get("Index Name") for n in nodes if n.get("Index Name")}
     assert used & DUE_INDEXES, used
     assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == TABLE for n in nodes)
@@ -80,8 +81,12 @@ def test_the_explained_text_is_the_one_claim_due_runs(clock, filled):
 
     delivery.claim_query = spy
     try:
-        batch = delivery.claim_due(clock.now(), [ChannelClaim(c.pk, 5, 60.0) for c in filled], total=10,
-                                   budgets={c.pk: (5, c.key) for c in filled})
+        batch = delivery.claim_due(
+            clock.now(),
+            [ChannelClaim(c.pk, 5, 60.0) for c in filled],
+            total=10,
+            budgets={c.pk: (5, c.key) for c in filled},
+        )
     finally:
         delivery.claim_query = original
     assert len(batch.records) == 10

@@ -20,8 +20,15 @@ Status = NotificationEntity.Status
 
 
 def due_records(clock, channel, n):
-    return [NotificationFactory(channel=channel, status=Status.FAILED, attempts=1,
-                                next_attempt_at=clock.now() - timedelta(seconds=i + 1)) for i in range(n)]
+    return [
+        NotificationFactory(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=i + 1),
+        )
+        for i in range(n)
+    ]
 
 
 def plan(channel, limit=100, lease=60.0):
@@ -45,7 +52,9 @@ def test_rows_locked_by_another_transaction_are_skipped(clock):
     records = due_records(clock, channel, 4)
     locked_id = records[0].pk
     with other_connection() as other:
-        other.execute(f"SELECT 1 FROM {NotificationEntity._meta.db_table} WHERE id = %s FOR UPDATE", (locked_id,))
+        other.execute(
+            f"SELECT 1 FROM {NotificationEntity._meta.db_table} WHERE id = %s FOR UPDATE", (locked_id,)
+        )
         batch = claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel))
         other.rollback()
     claimed = {r.id for r in batch.records}
@@ -66,8 +75,12 @@ def test_concurrent_claims_never_share_a_row(clock):
         try:
             got: set = set()
             for _ in range(10):
-                got |= {r.id for r in claim_due(clock.now(), plan(channel, limit=5), total=5,
-                                                budgets=budgets(channel)).records}
+                got |= {
+                    r.id
+                    for r in claim_due(
+                        clock.now(), plan(channel, limit=5), total=5, budgets=budgets(channel)
+                    ).records
+                }
             results.append(got)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -110,7 +123,11 @@ def test_expired_lease_is_claimed_again_and_the_late_finalize_changes_nothing(cl
     late = finalize([Outcome(first, SENT, provider_message_id="late")], clock.now())
     assert late.stale and not late.applied
     row = NotificationEntity.objects.get(pk=record.pk)
-    assert row.status == Status.FAILED and row.provider_message_id is None and row.claim_token == second.claim_token
+    assert (
+        row.status == Status.FAILED
+        and row.provider_message_id is None
+        and row.claim_token == second.claim_token
+    )
     assert Outbox.objects.count() == 0
     current = finalize([Outcome(second, SENT, provider_message_id="on-time")], clock.now())
     assert current.applied
@@ -182,8 +199,9 @@ def test_a_tick_is_skipped_when_another_instance_owns_the_lock(clock):
 
 @pytest.mark.django_db(transaction=True)
 def test_tick_stops_claiming_when_the_lock_is_lost(clock):
-    channel = ChannelFactory(key="email", provider_key="stub", options={"delay_seconds": 0.05},
-                             max_concurrency=1)
+    channel = ChannelFactory(
+        key="email", provider_key="stub", options={"delay_seconds": 0.05}, max_concurrency=1
+    )
     due_records(clock, channel, 20)
     worker = Worker(clock=clock)
     original = worker.lock.still_held
@@ -205,8 +223,9 @@ def test_tick_stops_claiming_when_the_lock_is_lost(clock):
 
 @pytest.mark.django_db
 def test_stop_request_finishes_records_in_hand_and_claims_no_more(clock):
-    channel = ChannelFactory(key="email", provider_key="stub", options={"delay_seconds": 0.02},
-                             max_concurrency=2)
+    channel = ChannelFactory(
+        key="email", provider_key="stub", options={"delay_seconds": 0.02}, max_concurrency=2
+    )
     due_records(clock, channel, 30)
     worker = Worker(clock=clock)
     original = worker._send
@@ -229,8 +248,9 @@ def test_stop_request_finishes_records_in_hand_and_claims_no_more(clock):
 
 @pytest.mark.django_db
 def test_max_duration_stops_new_claims(clock):
-    channel = ChannelFactory(key="email", provider_key="stub", options={"delay_seconds": 0.05},
-                             max_concurrency=1)
+    channel = ChannelFactory(
+        key="email", provider_key="stub", options={"delay_seconds": 0.05}, max_concurrency=1
+    )
     due_records(clock, channel, 40)
     stats = Worker(clock=clock, max_duration=0.2).tick()
     assert stats.deadline_reached

@@ -20,17 +20,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"]}
-    return subprocess.run([sys.executable, "-m", "django", "retry_worker", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "django", "retry_worker", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.django_db(transaction=True)
 def test_once_runs_one_tick_and_exits_zero():
     channel = ChannelFactory(key="in_app")
-    record = NotificationFactory(channel=channel, status="failed", attempts=1,
-                                 next_attempt_at=timezone.now() - timedelta(minutes=1))
+    record = NotificationFactory(
+        channel=channel, status="failed", attempts=1, next_attempt_at=timezone.now() - timedelta(minutes=1)
+    )
     result = run_command("--once")
     assert result.returncode == 0, result.stderr
     record.refresh_from_db()
@@ -51,8 +61,9 @@ def test_once_runs_one_tick_and_exits_zero():
 )
 def test_bad_options_exit_2_with_a_clear_message(args, message):
     channel = ChannelFactory(key="in_app")
-    record = NotificationFactory(channel=channel, status="failed", attempts=1,
-                                 next_attempt_at=timezone.now() - timedelta(minutes=1))
+    record = NotificationFactory(
+        channel=channel, status="failed", attempts=1, next_attempt_at=timezone.now() - timedelta(minutes=1)
+    )
     result = run_command(*args)
     assert result.returncode == 2
     assert message in result.stderr

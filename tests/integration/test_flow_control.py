@@ -37,8 +37,13 @@ def make_worker(clock):
 
 def due(clock, channel, count, **kwargs):
     return [
-        NotificationFactory(channel=channel, status=Status.FAILED, attempts=1,
-                            next_attempt_at=clock.now() - timedelta(seconds=60 - i * 0.001), **kwargs)
+        NotificationFactory(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=60 - i * 0.001),
+            **kwargs,
+        )
         for i in range(count)
     ]
 
@@ -58,8 +63,13 @@ def circuit_gauge(channel: str) -> float | None:
 
 def test_rate_limit_never_exceeded_by_over_5_percent_in_any_second(clock, webhook_server, make_worker):
     rate = 40
-    channel = ChannelFactory(key="limited", provider_key="webhook", options={"url": webhook_server.url},
-                             max_concurrency=8, rate_limit_per_second=rate)
+    channel = ChannelFactory(
+        key="limited",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_concurrency=8,
+        rate_limit_per_second=rate,
+    )
     due(clock, channel, 130)
     stats = make_worker().tick()
     assert stats.sent == 130
@@ -73,8 +83,15 @@ def test_rate_limit_never_exceeded_by_over_5_percent_in_any_second(clock, webhoo
 def test_429_with_retry_after_pauses_the_channel_instead_of_retrying(clock, webhook_server, make_worker):
     answers = iter([Reply(429, headers={"Retry-After": "2"})])
     webhook_server.responder = lambda request: next(answers, Reply(200, {"id": "ok"}))
-    channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": webhook_server.url},
-                             max_concurrency=1, max_attempts=5, backoff_base_seconds=1, backoff_cap_seconds=1)
+    channel = ChannelFactory(
+        key="hook",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_concurrency=1,
+        max_attempts=5,
+        backoff_base_seconds=1,
+        backoff_cap_seconds=1,
+    )
     records = due(clock, channel, 3)
     worker = make_worker()
     with capture_logs() as logs:
@@ -104,8 +121,13 @@ def test_circuit_opens_leaves_rows_untouched_probes_once_closes(clock, webhook_s
     settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 3, "CIRCUIT_COOLDOWN_SECONDS": 1.0}
     failing = {"on": True}
     webhook_server.responder = lambda request: Reply(500) if failing["on"] else Reply(200, {"id": "ok"})
-    channel = ChannelFactory(key="flaky", provider_key="webhook", options={"url": webhook_server.url},
-                             max_concurrency=1, max_attempts=10)
+    channel = ChannelFactory(
+        key="flaky",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_concurrency=1,
+        max_attempts=10,
+    )
     records = due(clock, channel, 10)
     worker = make_worker()
 
@@ -151,8 +173,13 @@ def test_circuit_opens_leaves_rows_untouched_probes_once_closes(clock, webhook_s
 def test_circuit_of_one_channel_does_not_stop_another(clock, webhook_server, settings, make_worker):
     settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 2, "CIRCUIT_COOLDOWN_SECONDS": 60.0}
     webhook_server.responder = lambda request: Reply(503)
-    broken = ChannelFactory(key="broken", provider_key="webhook", options={"url": webhook_server.url},
-                            max_concurrency=1, max_attempts=10)
+    broken = ChannelFactory(
+        key="broken",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_concurrency=1,
+        max_attempts=10,
+    )
     healthy = ChannelFactory(key="in_app")
     due(clock, broken, 5)
     due(clock, healthy, 20)

@@ -95,11 +95,14 @@ def test_check_command_fails_with_status_1_when_stale():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("args", "message"), [
-    (["--max-age", "30"], "--max-age only applies to --check"),
-    (["--check", "--once"], "cannot be combined with --once"),
-    (["--check", "--lane", "nope"], "unknown lane 'nope'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-age", "30"], "--max-age only applies to --check"),
+        (["--check", "--once"], "cannot be combined with --once"),
+        (["--check", "--lane", "nope"], "unknown lane 'nope'"),
+    ],
+)
 def test_check_misuse_is_a_usage_error(args, message):
     with pytest.raises(CommandError) as excinfo:
         call_command("retry_worker", *args)
@@ -109,13 +112,21 @@ def test_check_misuse_is_a_usage_error(args, message):
 
 def _check_process(*args: str, database: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env.update({
-        "NR_TEST_DATABASE_NAME": database or connection.settings_dict["NAME"],
-        "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-    })
-    return subprocess.run([sys.executable, "manage.py", "retry_worker", "--check", *args], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=60)
+    env.update(
+        {
+            "NR_TEST_DATABASE_NAME": database or connection.settings_dict["NAME"],
+            "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "manage.py", "retry_worker", "--check", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.process

@@ -39,9 +39,16 @@ def make_worker(clock):
 
 
 def due(clock, channel, count=1, *, ago=60.0, spread=0.001, **kwargs):
-    return [NotificationFactory(channel=channel, status=Status.FAILED, attempts=1,
-                                next_attempt_at=clock.now() - timedelta(seconds=ago - i * spread), **kwargs)
-            for i in range(count)]
+    return [
+        NotificationFactory(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=ago - i * spread),
+            **kwargs,
+        )
+        for i in range(count)
+    ]
 
 
 def sent_ids() -> set:
@@ -104,22 +111,29 @@ def test_each_lane_has_its_own_lock(clock, make_worker, settings):
 @pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_two_lane_processes_run_in_parallel_on_disjoint_rows(clock, tmp_path):
-    servers = {name: ScriptedServer(lambda r: Reply(200, {"id": "x"}, delay=0.25)).start()
-               for name in ("urgent", "bulk")}
+    servers = {
+        name: ScriptedServer(lambda r: Reply(200, {"id": "x"}, delay=0.25)).start()
+        for name in ("urgent", "bulk")
+    }
     try:
-        orders = ChannelFactory(key="orders", provider_key="webhook", max_concurrency=1,
-                                options={"url": servers["urgent"].url})
-        bulk = ChannelFactory(key="bulk-mail", provider_key="webhook", max_concurrency=1,
-                              options={"url": servers["bulk"].url})
+        orders = ChannelFactory(
+            key="orders", provider_key="webhook", max_concurrency=1, options={"url": servers["urgent"].url}
+        )
+        bulk = ChannelFactory(
+            key="bulk-mail", provider_key="webhook", max_concurrency=1, options={"url": servers["bulk"].url}
+        )
         past = timezone.now() - timedelta(minutes=1)
         for channel, priority in ((orders, Priority.HIGH), (bulk, Priority.LOW)):
             for _ in range(6):
-                NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=past,
-                                    priority=priority)
+                NotificationFactory(
+                    channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=past, priority=priority
+                )
         url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
         env = worker_env(url, connection.settings_dict["NAME"], {"LANES": LANES})
-        procs = [WorkerProcess(["--once", "--lane", lane], env, tmp_path, lane).start()
-                 for lane in ("urgent", "bulk")]
+        procs = [
+            WorkerProcess(["--once", "--lane", lane], env, tmp_path, lane).start()
+            for lane in ("urgent", "bulk")
+        ]
         for proc in procs:
             assert proc.wait(60) == 0, proc.output()
         for name, proc in zip(("urgent", "bulk"), procs, strict=True):
@@ -147,12 +161,23 @@ def test_a_slow_or_failing_channel_adds_at_most_20_percent_to_others_lateness(cl
     slow = ScriptedServer(lambda r: Reply(200, {"id": "ok"}, delay=0.5)).start()
     failing = ScriptedServer(lambda r: Reply(500, delay=0.01)).start()
     try:
-        orders = ChannelFactory(key="orders", provider_key="webhook", max_concurrency=4,
-                                options={"url": fast.url})
-        slow_channel = ChannelFactory(key="slow", provider_key="webhook", max_concurrency=4,
-                                      timeout_seconds=5, options={"url": slow.url})
-        down = ChannelFactory(key="down", provider_key="webhook", max_concurrency=4, max_attempts=10,
-                              options={"url": failing.url})
+        orders = ChannelFactory(
+            key="orders", provider_key="webhook", max_concurrency=4, options={"url": fast.url}
+        )
+        slow_channel = ChannelFactory(
+            key="slow",
+            provider_key="webhook",
+            max_concurrency=4,
+            timeout_seconds=5,
+            options={"url": slow.url},
+        )
+        down = ChannelFactory(
+            key="down",
+            provider_key="webhook",
+            max_concurrency=4,
+            max_attempts=10,
+            options={"url": failing.url},
+        )
 
         def run(neighbours: str) -> float:
             fast.requests.clear()

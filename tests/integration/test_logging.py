@@ -38,9 +38,21 @@ CANARY_SUBJECT = "CANARY-SUBJECT reset your password"
 CANARY_API_TOKEN = "tok_CANARY_abcdef123456"
 # Pieces a partial mask could still leak.
 FORBIDDEN = [
-    CANARY_EMAIL, "canary.person", "leak-test", CANARY_PHONE, "7700 900123", "7700900123", "900123",
-    CANARY_DEVICE_TOKEN, "9f8e7d6c5b4a3z", CANARY_BODY, "424242", CANARY_SUBJECT, "reset your password",
-    CANARY_API_TOKEN, "abcdef123456",
+    CANARY_EMAIL,
+    "canary.person",
+    "leak-test",
+    CANARY_PHONE,
+    "7700 900123",
+    "7700900123",
+    "900123",
+    CANARY_DEVICE_TOKEN,
+    "9f8e7d6c5b4a3z",
+    CANARY_BODY,
+    "424242",
+    CANARY_SUBJECT,
+    "reset your password",
+    CANARY_API_TOKEN,
+    "abcdef123456",
 ]
 
 stdlib_log = logging.getLogger("tests.canary_provider")
@@ -54,9 +66,14 @@ class CanaryProvider(Provider):
     inline: ClassVar[bool] = True
 
     def send(self, message: OutgoingMessage) -> SendResult:
-        struct_log.info("provider-request", message=message, recipient=message.recipient,
-                        payload=message.payload, headers={"Authorization": f"Bearer {CANARY_API_TOKEN}"},
-                        url=f"https://api.example.test/send?token={CANARY_API_TOKEN}&to={message.recipient}")
+        struct_log.info(
+            "provider-request",
+            message=message,
+            recipient=message.recipient,
+            payload=message.payload,
+            headers={"Authorization": f"Bearer {CANARY_API_TOKEN}"},
+            url=f"https://api.example.test/send?token={CANARY_API_TOKEN}&to={message.recipient}",
+        )
         stdlib_log.warning("calling gateway for %s with api key=%s", message.recipient, CANARY_API_TOKEN)
         mode = message.payload.get("mode")
         if mode == "crash":
@@ -89,14 +106,21 @@ def _configure(stream_json: io.StringIO, stream_console: io.StringIO) -> list[lo
         cache_logger_on_first_use=False,
     )
     handlers: list[logging.Handler] = []
-    for stream, renderer in ((stream_json, structlog.processors.JSONRenderer()),
-                             (stream_console, structlog.dev.ConsoleRenderer(colors=False))):
+    for stream, renderer in (
+        (stream_json, structlog.processors.JSONRenderer()),
+        (stream_console, structlog.dev.ConsoleRenderer(colors=False)),
+    ):
         handler = logging.StreamHandler(stream)
-        handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.format_exc_info, renderer],
-            foreign_pre_chain=shared,
-        ))
+        handler.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                processors=[
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info,
+                    renderer,
+                ],
+                foreign_pre_chain=shared,
+            )
+        )
         handlers.append(handler)
     return handlers
 
@@ -140,14 +164,30 @@ def test_canaries_never_reach_any_log_output(clock, captured, caplog):
     }
     payload = {"subject": CANARY_SUBJECT, "body": CANARY_BODY}
     rows = [
-        NotificationFactory(channel=channels["email"], recipient=CANARY_EMAIL, payload=payload,
-                            status=Status.FAILED, attempts=1, next_attempt_at=due),
-        NotificationFactory(channel=channels["sms"], recipient=CANARY_PHONE,
-                            payload={**payload, "mode": "retry"}, status=Status.FAILED, attempts=1,
-                            next_attempt_at=due),
-        NotificationFactory(channel=channels["push"], recipient=CANARY_DEVICE_TOKEN,
-                            payload={**payload, "mode": "crash"}, status=Status.FAILED, attempts=4,
-                            next_attempt_at=due),
+        NotificationFactory(
+            channel=channels["email"],
+            recipient=CANARY_EMAIL,
+            payload=payload,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=due,
+        ),
+        NotificationFactory(
+            channel=channels["sms"],
+            recipient=CANARY_PHONE,
+            payload={**payload, "mode": "retry"},
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=due,
+        ),
+        NotificationFactory(
+            channel=channels["push"],
+            recipient=CANARY_DEVICE_TOKEN,
+            payload={**payload, "mode": "crash"},
+            status=Status.FAILED,
+            attempts=4,
+            next_attempt_at=due,
+        ),
     ]
     worker = Worker(clock=clock, rng=random.Random(3))
     stats = worker.tick()
@@ -157,8 +197,11 @@ def test_canaries_never_reach_any_log_output(clock, captured, caplog):
     # pytest's own capture handler formats foreign stdlib records without the project's chain; the
     # records structlog produced reach it already masked.
     structlog_records = "\n".join(str(r.msg) for r in caplog.records if isinstance(r.msg, dict))
-    outputs = {"json": captured["json"].getvalue(), "console": captured["console"].getvalue(),
-               "structlog records seen by other handlers": structlog_records}
+    outputs = {
+        "json": captured["json"].getvalue(),
+        "console": captured["console"].getvalue(),
+        "structlog records seen by other handlers": structlog_records,
+    }
     for name, text in outputs.items():
         leaked = [canary for canary in FORBIDDEN if canary in text]
         assert not leaked, f"{name} log output leaks {leaked}:\n{text}"
@@ -166,16 +209,23 @@ def test_canaries_never_reach_any_log_output(clock, captured, caplog):
     # Not vacuous: the careless provider's logs and the worker's events are all there, ids readable.
     events = _events(captured["json"])
     names = [e["event"] for e in events]
-    for expected in ("retry-cycle-started", "provider-request", "provider-crashed", "item-retried",
-                     "item-failed-terminal", "cycle-completed"):
+    for expected in (
+        "retry-cycle-started",
+        "provider-request",
+        "provider-crashed",
+        "item-retried",
+        "item-failed-terminal",
+        "cycle-completed",
+    ):
         assert expected in names
     assert any(n.startswith("calling gateway for") for n in names)
     assert any(e["event"].startswith("gateway crash for") and "exception" in e for e in events)
     terminal = {e["notification_id"]: e for e in events if e["event"] == "item-failed-terminal"}
     assert set(terminal) == {str(rows[0].id), str(rows[2].id)}
     assert terminal[str(rows[0].id)]["error"] == "invalid recipient c***@l***.example; body was ***"
-    request = next(e for e in events
-                   if e["event"] == "provider-request" and e["message"]["channel"] == "email")
+    request = next(
+        e for e in events if e["event"] == "provider-request" and e["message"]["channel"] == "email"
+    )
     assert request["recipient"] == "c***@l***.example"
     assert request["payload"] == "<masked 2 keys>"
     assert request["message"]["recipient"] == "c***@l***.example"
@@ -188,12 +238,15 @@ def test_worker_events_carry_the_spec_context(clock, captured):
     failing = ChannelFactory(key="email", provider_key="stub", options={"fail": "retriable"}, max_attempts=2)
     disabled = ChannelFactory(key="sms", is_enabled=False)
     due = clock.now() - timedelta(seconds=5)
-    sent = NotificationFactory(channel=in_app, status=Status.FAILED, attempts=1, next_attempt_at=due,
-                               correlation_id="corr-sent")
-    retried = NotificationFactory(channel=failing, status=Status.PENDING, scheduled_at=due,
-                                  correlation_id="corr-retry")
-    terminal = NotificationFactory(channel=failing, status=Status.FAILED, attempts=1, next_attempt_at=due,
-                                   tenant_id=None)
+    sent = NotificationFactory(
+        channel=in_app, status=Status.FAILED, attempts=1, next_attempt_at=due, correlation_id="corr-sent"
+    )
+    retried = NotificationFactory(
+        channel=failing, status=Status.PENDING, scheduled_at=due, correlation_id="corr-retry"
+    )
+    terminal = NotificationFactory(
+        channel=failing, status=Status.FAILED, attempts=1, next_attempt_at=due, tenant_id=None
+    )
     NotificationFactory(channel=disabled, status=Status.FAILED, attempts=1, next_attempt_at=due)
     worker = Worker(clock=clock, rng=random.Random(3))
     stats = worker.tick()
@@ -209,15 +262,36 @@ def test_worker_events_carry_the_spec_context(clock, captured):
     [started] = by_name["retry-cycle-started"]
     assert started["batch_size"] == 200
     [item_sent] = by_name["item-sent"]
-    assert subset(item_sent, notification_id=str(sent.id), channel="in_app", outcome="sent",
-                  tenant_id=str(sent.tenant_id), attempt=2, correlation_id="corr-sent")
+    assert subset(
+        item_sent,
+        notification_id=str(sent.id),
+        channel="in_app",
+        outcome="sent",
+        tenant_id=str(sent.tenant_id),
+        attempt=2,
+        correlation_id="corr-sent",
+    )
     assert isinstance(item_sent["duration_ms"], float)
     [item_retried] = by_name["item-retried"]
-    assert subset(item_retried, notification_id=str(retried.id), channel="email", outcome="retry",
-                  error_kind="stub_retriable", attempt=1, correlation_id="corr-retry")
+    assert subset(
+        item_retried,
+        notification_id=str(retried.id),
+        channel="email",
+        outcome="retry",
+        error_kind="stub_retriable",
+        attempt=1,
+        correlation_id="corr-retry",
+    )
     [item_terminal] = by_name["item-failed-terminal"]
-    assert subset(item_terminal, notification_id=str(terminal.id), outcome="terminal", tenant_id=None,
-                  attempt=2, error="stub told to fail (retriable)", level="error")
+    assert subset(
+        item_terminal,
+        notification_id=str(terminal.id),
+        outcome="terminal",
+        tenant_id=None,
+        attempt=2,
+        error="stub told to fail (retriable)",
+        level="error",
+    )
     [disabled_event] = by_name["channel-disabled"]
     assert subset(disabled_event, channel="sms", due_waiting=1)
     [completed] = by_name["cycle-completed"]
@@ -226,20 +300,24 @@ def test_worker_events_carry_the_spec_context(clock, captured):
 
 def test_processors_mask_keys_text_and_nested_values():
     mask = nr_logging.processors()[0]
-    event = mask(None, "info", {
-        "event": "sent to bob@example.org",
-        "recipients": ["+33 6 12 34 56 78", "alice@example.com"],
-        "request": {"json": {"to": "x"}, "Authorization": "Basic dXNlcjpwYXNz", "X-Api-Key": "k-123"},
-        "url": "https://user:pw@hooks.example/a?sig=abc123&page=2",
-        "notification_id": "3f2a6c1e-1234-4567-89ab-1234567890ab",
-        "correlation_id": "01HZX3K9YV8M2Q7T4B6N5C1D0E",
-        "error": "APNs rejected device 9f8e7d6c5b4a39f8e7d6c5b4a3aa0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8"
-                 " (job 0123456789abcdef0123456789abcdef)",
-        "at": "2026-01-01T12:00:00+00:00",
-        "attempt": 3,
-        "client_ip": "10.1.2.3",
-        "empty_body": "",
-    })
+    event = mask(
+        None,
+        "info",
+        {
+            "event": "sent to bob@example.org",
+            "recipients": ["+33 6 12 34 56 78", "alice@example.com"],
+            "request": {"json": {"to": "x"}, "Authorization": "Basic dXNlcjpwYXNz", "X-Api-Key": "k-123"},
+            "url": "https://user:pw@hooks.example/a?sig=abc123&page=2",
+            "notification_id": "3f2a6c1e-1234-4567-89ab-1234567890ab",
+            "correlation_id": "01HZX3K9YV8M2Q7T4B6N5C1D0E",
+            "error": "APNs rejected device 9f8e7d6c5b4a39f8e7d6c5b4a3aa0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8"
+            " (job 0123456789abcdef0123456789abcdef)",
+            "at": "2026-01-01T12:00:00+00:00",
+            "attempt": 3,
+            "client_ip": "10.1.2.3",
+            "empty_body": "",
+        },
+    )
     assert event["event"] == "sent to b***@e***.org"
     assert event["recipients"] == ["+*********78", "a***@e***.com"]
     assert event["request"] == {"json": "<masked 1 keys>", "Authorization": "***", "X-Api-Key": "***"}

@@ -25,7 +25,11 @@ def build(**overrides) -> ChannelConfig:
         ({"timeout_seconds": 0}, "timeout_seconds", "greater than or equal to 0.001"),
         ({"provider_key": "carrier-pigeon"}, "provider_key", "unknown provider key 'carrier-pigeon'"),
         ({"retry_backoff": "linear"}, "retry_backoff", "not a valid choice"),
-        ({"backoff_base_seconds": 100, "backoff_cap_seconds": 10}, "backoff_cap_seconds", "at least the base"),
+        (
+            {"backoff_base_seconds": 100, "backoff_cap_seconds": 10},
+            "backoff_cap_seconds",
+            "at least the base",
+        ),
         ({"provider_key": "webhook", "options": {}}, "options", "needs options['url']"),
         ({"max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
         ({"key": "Not A Slug!"}, "key", "slug"),
@@ -44,8 +48,14 @@ def test_valid_channel_passes():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"max_attempts": 0}, {"timeout_seconds": 0}, {"max_concurrency": 0}, {"retry_backoff": "linear"},
-     {"backoff_base_seconds": 100, "backoff_cap_seconds": 10}, {"rate_limit_per_second": 0}],
+    [
+        {"max_attempts": 0},
+        {"timeout_seconds": 0},
+        {"max_concurrency": 0},
+        {"retry_backoff": "linear"},
+        {"backoff_base_seconds": 100, "backoff_cap_seconds": 10},
+        {"rate_limit_per_second": 0},
+    ],
 )
 def test_database_constraints_back_the_validation(overrides):
     with pytest.raises(IntegrityError), transaction.atomic():

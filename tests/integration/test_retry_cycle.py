@@ -54,10 +54,17 @@ def test_due_failed_record_is_sent_with_event(clock):
 
 
 def test_retriable_failure_counts_attempt_backs_off_and_emits_nothing(clock):
-    channel = ChannelFactory(key="email", provider_key="stub", options={"fail": "retriable"}, max_attempts=5,
-                             backoff_base_seconds=60, backoff_cap_seconds=3600)
-    record = NotificationFactory(channel=channel, status=Status.FAILED, attempts=2,
-                                 next_attempt_at=clock.now() - timedelta(seconds=1))
+    channel = ChannelFactory(
+        key="email",
+        provider_key="stub",
+        options={"fail": "retriable"},
+        max_attempts=5,
+        backoff_base_seconds=60,
+        backoff_cap_seconds=3600,
+    )
+    record = NotificationFactory(
+        channel=channel, status=Status.FAILED, attempts=2, next_attempt_at=clock.now() - timedelta(seconds=1)
+    )
     stats = make_worker(clock).tick()
     record.refresh_from_db()
     assert stats.retried == 1
@@ -141,8 +148,11 @@ def test_disabled_rows_do_not_starve_enabled_channels(clock):
 
 
 def test_scheduled_pending_due_is_sent(clock):
-    record = NotificationFactory(channel=ChannelFactory(key="in_app"), status=Status.PENDING,
-                                 scheduled_at=clock.now() - timedelta(seconds=1))
+    record = NotificationFactory(
+        channel=ChannelFactory(key="in_app"),
+        status=Status.PENDING,
+        scheduled_at=clock.now() - timedelta(seconds=1),
+    )
     make_worker(clock).tick()
     record.refresh_from_db()
     assert record.status == Status.SENT
@@ -162,7 +172,9 @@ def test_scheduled_pending_not_yet_due_and_fresh_pending_are_untouched(clock):
 
 
 def test_failed_not_yet_due_is_untouched(clock):
-    record = failed_due(clock, ChannelFactory(key="in_app"), next_attempt_at=clock.now() + timedelta(seconds=1))
+    record = failed_due(
+        clock, ChannelFactory(key="in_app"), next_attempt_at=clock.now() + timedelta(seconds=1)
+    )
     assert make_worker(clock).tick().processed == 0
     record.refresh_from_db()
     assert record.attempts == 1
@@ -170,7 +182,9 @@ def test_failed_not_yet_due_is_untouched(clock):
 
 def test_batch_size_and_oldest_due_first(clock):
     channel = ChannelFactory(key="in_app")
-    records = [failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(minutes=i)) for i in range(10)]
+    records = [
+        failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(minutes=i)) for i in range(10)
+    ]
     stats = make_worker(clock, batch_size=3).tick()
     assert stats.sent == 3
     sent = set(NotificationEntity.objects.filter(status=Status.SENT).values_list("pk", flat=True))
@@ -236,8 +250,14 @@ def test_per_type_attempt_budget(clock, settings):
 
 
 def test_fixed_backoff_and_retry_after_floor(clock):
-    channel = ChannelFactory(key="email", provider_key="stub", options={"fail": "throttled"}, max_attempts=5,
-                             retry_backoff="fixed", backoff_base_seconds=10)
+    channel = ChannelFactory(
+        key="email",
+        provider_key="stub",
+        options={"fail": "throttled"},
+        max_attempts=5,
+        retry_backoff="fixed",
+        backoff_base_seconds=10,
+    )
     record = failed_due(clock, channel)
     make_worker(clock).tick()
     record.refresh_from_db()
@@ -250,9 +270,16 @@ def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_
     from tests.support.http_server import Reply
 
     webhook_server.responder = lambda r: Reply(429, headers={"Retry-After": "120"})
-    channel = ChannelFactory(key="webhook", provider_key="webhook", options={"url": webhook_server.url},
-                             max_concurrency=1, max_attempts=5)
-    records = [failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i)) for i in range(3)]
+    channel = ChannelFactory(
+        key="webhook",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_concurrency=1,
+        max_attempts=5,
+    )
+    records = [
+        failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i)) for i in range(3)
+    ]
     stats = make_worker(clock).tick()
     assert len(webhook_server.requests) == 1
     # Two were claimed (one call in flight, one queued behind it): both wait for Retry-After.

@@ -41,8 +41,13 @@ def spans():
 
 
 def due(clock, channel, **kwargs):
-    return NotificationFactory(channel=channel, status=Status.FAILED, attempts=1,
-                               next_attempt_at=clock.now() - timedelta(seconds=5), **kwargs)
+    return NotificationFactory(
+        channel=channel,
+        status=Status.FAILED,
+        attempts=1,
+        next_attempt_at=clock.now() - timedelta(seconds=5),
+        **kwargs,
+    )
 
 
 def by_name(finished, name):
@@ -84,8 +89,13 @@ def test_inline_provider_tick_record_and_provider_spans_nest(clock, spans):
 
 def test_pooled_http_provider_spans_keep_the_tick_as_parent(clock, spans, webhook_server):
     webhook_server.responder = lambda request: Reply(503, {"error": "maintenance"})
-    channel = ChannelFactory(key="webhook", provider_key="webhook", options={"url": webhook_server.url},
-                             max_attempts=5, max_concurrency=2)
+    channel = ChannelFactory(
+        key="webhook",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_attempts=5,
+        max_concurrency=2,
+    )
     records = [due(clock, channel, correlation_id=f"hook-{i}") for i in range(2)]
     stats = Worker(clock=clock, rng=random.Random(1)).tick()
     assert stats.retried == 2

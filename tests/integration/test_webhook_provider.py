@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import pytest
 
@@ -21,8 +21,16 @@ def provider_for(server: ScriptedServer, timeout: float = 2.0, **options) -> Web
 
 
 def message(**overrides) -> OutgoingMessage:
-    values = dict(notification_id=uuid.uuid4(), tenant_id=None, channel="webhook", recipient="+33600000000",
-                  payload={"text": "hi", "n": 1}, attempt=1, priority=5, notification_type="transactional")
+    values = dict(
+        notification_id=uuid.uuid4(),
+        tenant_id=None,
+        channel="webhook",
+        recipient="+33600000000",
+        payload={"text": "hi", "n": 1},
+        attempt=1,
+        priority=5,
+        notification_type="transactional",
+    )
     values.update(overrides)
     return OutgoingMessage(**values)
 
@@ -86,7 +94,9 @@ def test_429_is_throttling_with_retry_after_seconds(webhook_server):
 
 def test_503_honours_retry_after_http_date(webhook_server):
     when = datetime.now(UTC) + timedelta(seconds=120)
-    webhook_server.responder = lambda r: Reply(503, headers={"Retry-After": format_datetime(when, usegmt=True)})
+    webhook_server.responder = lambda r: Reply(
+        503, headers={"Retry-After": format_datetime(when, usegmt=True)}
+    )
     with pytest.raises(RetryableProviderError) as info:
         provider_for(webhook_server).send(message())
     assert 100 < info.value.retry_after <= 121
@@ -145,8 +155,13 @@ def test_unserializable_payload_is_permanent_without_a_request(webhook_server):
 
 @pytest.mark.parametrize(
     ("options", "fragment"),
-    [({}, "needs options['url']"), ({"url": "ftp://x"}, "http(s) URL"), ({"url": 5}, "needs options['url']"),
-     ({"url": "http://h", "headers": {"a": 1}}, "headers"), ("nope", "JSON object")],
+    [
+        ({}, "needs options['url']"),
+        ({"url": "ftp://x"}, "http(s) URL"),
+        ({"url": 5}, "needs options['url']"),
+        ({"url": "http://h", "headers": {"a": 1}}, "headers"),
+        ("nope", "JSON object"),
+    ],
 )
 def test_bad_options_are_described(options, fragment):
     problems = WebhookProvider.options_problems(options)

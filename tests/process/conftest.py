@@ -28,8 +28,12 @@ FROM generate_series(1, %(count)s) g
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--soak", action="store_true", default=False,
-                     help="Also run the long soak scenarios (@pytest.mark.soak); or set NR_SOAK=1.")
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="Also run the long soak scenarios (@pytest.mark.soak); or set NR_SOAK=1.",
+    )
 
 
 def soak_enabled(config: pytest.Config) -> bool:
@@ -65,13 +69,20 @@ def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker
     started: list[WorkerProcess] = []
     database_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
-    def start(args: Sequence[str] = (), settings: Mapping[str, Any] | None = None,
-              env: Mapping[str, str] | None = None, name: str = "worker", url: str | None = None,
-              database: str | None = None) -> WorkerProcess:
+    def start(
+        args: Sequence[str] = (),
+        settings: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str = "worker",
+        url: str | None = None,
+        database: str | None = None,
+    ) -> WorkerProcess:
         merged = {"LEASE_GRACE_SECONDS": 0.5, **(settings or {})}
         process = WorkerProcess(
-            args, worker_env(url or database_url, database or connection.settings_dict["NAME"], merged, env),
-            tmp_path, name,
+            args,
+            worker_env(url or database_url, database or connection.settings_dict["NAME"], merged, env),
+            tmp_path,
+            name,
         ).start()
         started.append(process)
         return process

@@ -36,8 +36,15 @@ def db_now() -> Any:
 
 def webhook_channel(url: str, **fields: Any) -> ChannelConfig:
     """A webhook channel at ``url`` with small, test-friendly timings."""
-    defaults: dict[str, Any] = dict(key="hook", provider_key="webhook", max_attempts=5, timeout_seconds=1.0,
-                                    max_concurrency=8, backoff_base_seconds=1, backoff_cap_seconds=60)
+    defaults: dict[str, Any] = dict(
+        key="hook",
+        provider_key="webhook",
+        max_attempts=5,
+        timeout_seconds=1.0,
+        max_concurrency=8,
+        backoff_base_seconds=1,
+        backoff_cap_seconds=60,
+    )
     defaults.update(fields)
     options = {"url": url, **defaults.pop("options", {})}
     return ChannelConfig.objects.create(options=options, **defaults)

@@ -20,13 +20,17 @@ def scenario(start_worker, skew: int, clock: str) -> dict[str, tuple[int, str]]:
     seed_due(channel, 5)
     with connection.cursor() as cursor:
         # Five rows due in 5 minutes, and five leased by a live worker for 5 more minutes.
-        cursor.execute("UPDATE notifications_retry_notificationentity SET next_attempt_at = now() + '5 min' "
-                       "WHERE id IN (SELECT id FROM notifications_retry_notificationentity "
-                       "ORDER BY due_at DESC LIMIT 5)")
-        cursor.execute("UPDATE notifications_retry_notificationentity SET claim_token = gen_random_uuid(), "
-                       "claim_expires_at = now() + '5 min', attempts = attempts + 1 "
-                       "WHERE id IN (SELECT id FROM notifications_retry_notificationentity "
-                       "WHERE next_attempt_at < now() ORDER BY due_at DESC LIMIT 5)")
+        cursor.execute(
+            "UPDATE notifications_retry_notificationentity SET next_attempt_at = now() + '5 min' "
+            "WHERE id IN (SELECT id FROM notifications_retry_notificationentity "
+            "ORDER BY due_at DESC LIMIT 5)"
+        )
+        cursor.execute(
+            "UPDATE notifications_retry_notificationentity SET claim_token = gen_random_uuid(), "
+            "claim_expires_at = now() + '5 min', attempts = attempts + 1 "
+            "WHERE id IN (SELECT id FROM notifications_retry_notificationentity "
+            "WHERE next_attempt_at < now() ORDER BY due_at DESC LIMIT 5)"
+        )
     seed_due(channel, 5)
     env = {"PYTHONPATH": SKEWED_PATH + ":" + str(REPO_ROOT), "NR_TEST_CLOCK_SKEW": str(skew)}
     worker = start_worker(["--once"], {"CLOCK": clock}, env=env)

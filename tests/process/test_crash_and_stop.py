@@ -32,8 +32,9 @@ SETTINGS = {"LEASE_GRACE_SECONDS": 0.3, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
 def test_kill_9_mid_batch_loses_nothing_and_resends_only_in_flight_with_same_key(start_worker):
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    server = ScriptedServer(lambda request: Reply(200, {"id": "m-" + request.headers["idempotency-key"]},
-                                                  delay=0.03)).start()
+    server = ScriptedServer(
+        lambda request: Reply(200, {"id": "m-" + request.headers["idempotency-key"]}, delay=0.03)
+    ).start()
     try:
         channel = webhook_channel(server.url, max_attempts=6, timeout_seconds=1.0, max_concurrency=8)
         total = 600
@@ -53,12 +54,14 @@ def test_kill_9_mid_batch_loses_nothing_and_resends_only_in_flight_with_same_key
         assert in_flight_at_kills > 0
         stranded = claimed_ids()
         # The dead workers' leases run out; the next tick takes those records again.
-        latest = (NotificationEntity.objects.exclude(claim_expires_at=None)
-                  .order_by("-claim_expires_at").first())
+        latest = (
+            NotificationEntity.objects.exclude(claim_expires_at=None).order_by("-claim_expires_at").first()
+        )
         if latest is not None:
             wait_until(lambda: db_now() > latest.claim_expires_at, 10, message="leases expired")
-        final = start_worker(["--once", "--batch-size", "100000", "--max-duration", "60"], SETTINGS,
-                             name="final")
+        final = start_worker(
+            ["--once", "--batch-size", "100000", "--max-duration", "60"], SETTINGS, name="final"
+        )
         assert final.wait(60) == 0, final.output()
         assert not claimed_ids()
         assert NotificationEntity.objects.filter(pk__in=stranded, status=SENT).count() == len(stranded)

@@ -47,8 +47,14 @@ def cluster() -> Iterator[PrivateCluster]:
     cluster.start()
     try:
         env = worker_env(cluster.url, "postgres", SETTINGS)
-        subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"], env=env,
-                       cwd=REPO_ROOT, check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+            env=env,
+            cwd=REPO_ROOT,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         yield cluster
     finally:
         cluster.destroy()
@@ -60,7 +66,9 @@ def test_postgres_restart_mid_loop_worker_reconnects_and_resumes(cluster, server
             "INSERT INTO notifications_retry_channelconfig (key, is_enabled, provider_key, max_attempts, "
             "retry_backoff, backoff_base_seconds, backoff_cap_seconds, timeout_seconds, max_concurrency, "
             "options, created_at, updated_at) VALUES ('hook', true, 'webhook', 5, 'exponential', 1, 60, 1.0, "
-            "4, %s, now(), now()) RETURNING id", [f'{{"url": "{server.url}"}}']).fetchone()[0]
+            "4, %s, now(), now()) RETURNING id",
+            [f'{{"url": "{server.url}"}}'],
+        ).fetchone()[0]
         db.execute(INSERT_DUE, {"channel": channel_id, "count": 400, "attempts": 1})
     worker = start_worker(LOOP, SETTINGS, url=cluster.url, database="postgres")
     wait_until(lambda: len(server.requests) >= 60, 30, message="the worker is sending")
@@ -70,26 +78,35 @@ def test_postgres_restart_mid_loop_worker_reconnects_and_resumes(cluster, server
     cluster.start()
     back = time.monotonic()
     with cluster.connect() as db:
-        in_flight = db.execute("SELECT count(*) FROM notifications_retry_notificationentity "
-                               "WHERE claim_token IS NOT NULL").fetchone()[0]
-    wait_until(lambda: any(r.received_at > back for r in server.requests), RESUME_BOUND + 5,
-               message="a send after the restart")
+        in_flight = db.execute(
+            "SELECT count(*) FROM notifications_retry_notificationentity WHERE claim_token IS NOT NULL"
+        ).fetchone()[0]
+    wait_until(
+        lambda: any(r.received_at > back for r in server.requests),
+        RESUME_BOUND + 5,
+        message="a send after the restart",
+    )
     resumed_after = min(r.received_at for r in server.requests if r.received_at > back) - back
     assert resumed_after <= RESUME_BOUND, resumed_after
     assert len(server.requests) > stopped_at
 
     def all_sent() -> bool:
         with cluster.connect() as db:
-            return db.execute("SELECT count(*) FROM notifications_retry_notificationentity "
-                              "WHERE status = 'sent'").fetchone()[0] == 400
+            return (
+                db.execute(
+                    "SELECT count(*) FROM notifications_retry_notificationentity WHERE status = 'sent'"
+                ).fetchone()[0]
+                == 400
+            )
 
     wait_until(all_sent, 60, 0.2, "all 400 rows sent")
     worker.send(15)
     assert worker.wait(10) == 0
     with cluster.connect() as db:
         events = db.execute("SELECT count(*), count(DISTINCT key) FROM notifications_retry_outbox").fetchone()
-        idle_in_tx = db.execute("SELECT count(*) FROM pg_stat_activity "
-                                "WHERE state LIKE 'idle in transaction%'").fetchone()[0]
+        idle_in_tx = db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
+        ).fetchone()[0]
     assert events == (400, 400)
     assert idle_in_tx == 0
     assert any(logged in worker.output() for logged in LOGGED_OUTAGE), worker.output()[-3000:]
@@ -108,14 +125,19 @@ def test_terminated_connections_mid_tick_worker_reconnects_lock_and_resumes(serv
     for threshold in (60, 180):
         wait_until(lambda threshold=threshold: len(server.requests) >= threshold, 30, message="sending")
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
             killed = len(cursor.fetchall())
         assert killed >= 2, "the worker's query connection and its lock connection"
         cut = time.monotonic()
         in_flight += len(claimed_ids())
-        wait_until(lambda cut=cut: any(r.received_at > cut for r in server.requests), RESUME_BOUND,
-                   message="a send after the connections were terminated")
+        wait_until(
+            lambda cut=cut: any(r.received_at > cut for r in server.requests),
+            RESUME_BOUND,
+            message="a send after the connections were terminated",
+        )
         wait_until(lambda: bool(lock_holders()), RESUME_BOUND, 0.01, "the lock connection is back")
     wait_until(lambda: NotificationEntity.objects.filter(status="sent").count() == 400, 60, 0.2, "all sent")
     worker.send(15)

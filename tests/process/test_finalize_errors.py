@@ -34,8 +34,10 @@ END $$;
 CREATE TRIGGER nr_test_inject BEFORE UPDATE ON notifications_retry_notificationentity
     FOR EACH ROW EXECUTE FUNCTION nr_test_inject();
 """
-UNINJECT = "DROP TRIGGER IF EXISTS nr_test_inject ON notifications_retry_notificationentity; " \
-           "DROP FUNCTION IF EXISTS nr_test_inject();"
+UNINJECT = (
+    "DROP TRIGGER IF EXISTS nr_test_inject ON notifications_retry_notificationentity; "
+    "DROP FUNCTION IF EXISTS nr_test_inject();"
+)
 
 ERRORS = {
     "serialization_failure": "40001",
@@ -49,13 +51,24 @@ ERRORS = {
 @pytest.mark.parametrize("sqlstate", list(ERRORS.values()), ids=list(ERRORS))
 def test_finalize_error_writes_status_and_event_together_or_neither(sqlstate, settings):
     settings.NOTIFICATIONS_RETRY = {"LEASE_GRACE_SECONDS": 0.2}
-    channel = ChannelConfig.objects.create(key="in_app", provider_key="in_app", timeout_seconds=0.5,
-                                           max_attempts=5)
+    channel = ChannelConfig.objects.create(
+        key="in_app", provider_key="in_app", timeout_seconds=0.5, max_attempts=5
+    )
     due = db_now()
-    poison = [NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=due,
-                                  recipient=f"inject-{sqlstate}") for _ in range(3)]
-    healthy = [NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=due)
-               for _ in range(20)]
+    poison = [
+        NotificationFactory(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=due,
+            recipient=f"inject-{sqlstate}",
+        )
+        for _ in range(3)
+    ]
+    healthy = [
+        NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=due)
+        for _ in range(20)
+    ]
     with connection.cursor() as cursor:
         cursor.execute(INJECT)
     worker = Worker(rng=random.Random(1))

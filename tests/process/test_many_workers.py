@@ -18,8 +18,10 @@ from tests.support.processes import wait_until
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 ROWS = 10_000
-SETTINGS = {"LEASE_GRACE_SECONDS": 0.5,
-            "PROVIDERS": {"recording": "tests.support.fault_providers.RecordingProvider"}}
+SETTINGS = {
+    "LEASE_GRACE_SECONDS": 0.5,
+    "PROVIDERS": {"recording": "tests.support.fault_providers.RecordingProvider"},
+}
 LOOP = ["--interval", "0.05", "--batch-size", "1000", "--max-duration", "30"]
 
 
@@ -80,8 +82,13 @@ def owner_pid(backend_pid: int, workers) -> int:
 
 def run_workers(start_worker, tmp_path: Path, count: int, kill_owner: bool) -> None:
     call_log = tmp_path / "calls.log"
-    channel = ChannelConfig.objects.create(key="in_app", provider_key="recording", timeout_seconds=1.0,
-                                           max_attempts=5, options={"call_log": str(call_log)})
+    channel = ChannelConfig.objects.create(
+        key="in_app",
+        provider_key="recording",
+        timeout_seconds=1.0,
+        max_attempts=5,
+        options={"call_log": str(call_log)},
+    )
     seed_due(channel, ROWS)
     from django.db import connection
 
@@ -91,8 +98,9 @@ def run_workers(start_worker, tmp_path: Path, count: int, kill_owner: bool) -> N
     in_flight_at_kill = 0
     try:
         if kill_owner:
-            wait_until(lambda: len(calls(call_log)) > ROWS // 5 and sampler.owners, 60,
-                       message="a busy owner")
+            wait_until(
+                lambda: len(calls(call_log)) > ROWS // 5 and sampler.owners, 60, message="a busy owner"
+            )
             owner = owner_pid(sampler.owners[0], workers)
             victim = next(w for w in workers if w.pid == owner)
             victim.kill()
@@ -101,8 +109,12 @@ def run_workers(start_worker, tmp_path: Path, count: int, kill_owner: bool) -> N
             taken_over = len(calls(call_log))
             wait_until(lambda: len(calls(call_log)) > taken_over, 15, message="a standby took over")
             workers = standby
-        wait_until(lambda: NotificationEntity.objects.filter(status="sent").count() == ROWS, 120, 0.2,
-                   "all rows sent")
+        wait_until(
+            lambda: NotificationEntity.objects.filter(status="sent").count() == ROWS,
+            120,
+            0.2,
+            "all rows sent",
+        )
     finally:
         sampler.done.set()
         sampler.join(5)

@@ -38,19 +38,27 @@ def free_port() -> int:
 
 def worker_env(settings: dict[str, object] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
-        "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "NR_TEST_SETTINGS_JSON": json.dumps(settings or {}),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
+            "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "NR_TEST_SETTINGS_JSON": json.dumps(settings or {}),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
 def run_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "manage.py", "retry_worker", *args], cwd=REPO_ROOT,
-                          env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "manage.py", "retry_worker", *args],
+        cwd=REPO_ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -80,8 +88,9 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
     email = ChannelFactory(key="email", provider_key="stub", options={"fail": "permanent"})
     sms = ChannelFactory(key="sms", provider_key="stub", options={"fail": "retriable"}, max_attempts=5)
     push = ChannelFactory(key="push", provider_key="stub", is_enabled=False)
-    hook = ChannelFactory(key="webhook", provider_key="webhook", options={"url": server.url}, max_attempts=9,
-                          max_concurrency=1)
+    hook = ChannelFactory(
+        key="webhook", provider_key="webhook", options={"url": server.url}, max_attempts=9, max_concurrency=1
+    )
     for channel, count in ((in_app, 3), (email, 2), (sms, 1), (push, 4), (hook, 6)):
         for _ in range(count):
             NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=past)
@@ -92,8 +101,11 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
         # A long interval: exactly one tick happens while the test looks.
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "retry_worker", "--interval", "600", "--metrics-port", str(port)],
-            cwd=REPO_ROOT, env=worker_env({"CIRCUIT_FAILURE_THRESHOLD": 3}), stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO_ROOT,
+            env=worker_env({"CIRCUIT_FAILURE_THRESHOLD": 3}),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         samples: dict = {}
@@ -116,13 +128,24 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
         assert 3 <= calls < 6
         assert value(samples, "notifications_retry_sent_total", channel="in_app") == 3
         assert value(samples, "notifications_retry_processed_total", channel="in_app", outcome="sent") == 3
-        assert value(samples, "notifications_retry_terminal_failed_total", channel="email",
-                     error_kind="stub_permanent") == 2
+        assert (
+            value(
+                samples,
+                "notifications_retry_terminal_failed_total",
+                channel="email",
+                error_kind="stub_permanent",
+            )
+            == 2
+        )
         assert value(samples, "notifications_retry_processed_total", channel="email", outcome="terminal") == 2
-        assert value(samples, "notifications_retry_retried_total", channel="sms",
-                     error_kind="stub_retriable") == 1
-        assert value(samples, "notifications_retry_retried_total", channel="webhook",
-                     error_kind="http_5xx") == calls
+        assert (
+            value(samples, "notifications_retry_retried_total", channel="sms", error_kind="stub_retriable")
+            == 1
+        )
+        assert (
+            value(samples, "notifications_retry_retried_total", channel="webhook", error_kind="http_5xx")
+            == calls
+        )
         assert value(samples, "notifications_retry_channel_disabled_total", channel="push") == 4
         assert value(samples, "notifications_retry_circuit_state", channel="webhook") == 2
         assert value(samples, "notifications_retry_circuit_state", channel="in_app") == 0
@@ -134,14 +157,16 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
         last = value(samples, "notifications_retry_last_cycle_duration_ms", lane="default")
         assert last is not None and last > 0
         assert value(samples, "notifications_retry_oldest_due_age_seconds") >= 290
-        completed = value(samples, "notifications_retry_last_tick_completed_timestamp_seconds",
-                          lane="default")
+        completed = value(
+            samples, "notifications_retry_last_tick_completed_timestamp_seconds", lane="default"
+        )
         started = value(samples, "notifications_retry_last_tick_started_timestamp_seconds", lane="default")
         assert started <= completed <= time.time()
         # Never an id in a label: cardinality stays bounded by channels, outcomes and error kinds.
         label_values = {v for (_, labels) in samples for (_, v) in labels}
         ids = {str(n.id) for n in NotificationEntity.objects.all()} | {
-            str(n.tenant_id) for n in NotificationEntity.objects.all()}
+            str(n.tenant_id) for n in NotificationEntity.objects.all()
+        }
         assert not label_values & ids
 
         proc.send_signal(signal.SIGTERM)
@@ -162,11 +187,14 @@ def test_metrics_port_in_use_exits_2_with_a_clear_message():
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--metrics-port", "70000"], "must be a port number 0-65535"),
-    (["--metrics-port", "http"], "expected a port number"),
-    (["--metrics-port", "9000", "--metrics-addr", "localhost:9"], "expected an IP address"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metrics-port", "70000"], "must be a port number 0-65535"),
+        (["--metrics-port", "http"], "expected a port number"),
+        (["--metrics-port", "9000", "--metrics-addr", "localhost:9"], "expected an IP address"),
+    ],
+)
 def test_bad_metrics_options_exit_2(args, message):
     result = run_command("--once", *args)
     assert result.returncode == 2

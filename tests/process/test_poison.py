@@ -19,9 +19,11 @@ from tests.support.http_server import ScriptedServer
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 Status = NotificationEntity.Status
-PROVIDERS = {"exploding": "tests.support.providers.ExplodingProvider",
-             "process_crash": "tests.support.fault_providers.ProcessCrashProvider",
-             "recording": "tests.support.fault_providers.RecordingProvider"}
+PROVIDERS = {
+    "exploding": "tests.support.providers.ExplodingProvider",
+    "process_crash": "tests.support.fault_providers.ProcessCrashProvider",
+    "recording": "tests.support.fault_providers.RecordingProvider",
+}
 
 
 def ticks(worker: Worker, count: int) -> None:
@@ -38,14 +40,18 @@ def test_poison_payload_and_raising_provider_end_terminal_while_healthy_records_
     server = ScriptedServer().start()
     try:
         hook = webhook_channel(server.url, max_attempts=3, backoff_base_seconds=1, retry_backoff="fixed")
-        exploding = ChannelConfig.objects.create(key="bug", provider_key="exploding", max_attempts=3,
-                                                 backoff_base_seconds=1, retry_backoff="fixed")
+        exploding = ChannelConfig.objects.create(
+            key="bug", provider_key="exploding", max_attempts=3, backoff_base_seconds=1, retry_backoff="fixed"
+        )
         due = db_now()
         # A payload the adapter cannot turn into JSON (nested deeper than the encoder's recursion limit).
         poison = NotificationFactory(channel=hook, status=Status.FAILED, attempts=1, next_attempt_at=due)
         with connection.cursor() as cursor:
-            cursor.execute("UPDATE notifications_retry_notificationentity SET payload = (repeat('[', 1200) "
-                           "|| '\"x\"' || repeat(']', 1200))::jsonb WHERE id = %s", [poison.pk])
+            cursor.execute(
+                "UPDATE notifications_retry_notificationentity SET payload = (repeat('[', 1200) "
+                "|| '\"x\"' || repeat(']', 1200))::jsonb WHERE id = %s",
+                [poison.pk],
+            )
         buggy = NotificationFactory(channel=exploding, status=Status.FAILED, attempts=1, next_attempt_at=due)
         seed_due(hook, 50)
         ticks(Worker(rng=random.Random(2), interval=0), 1)
@@ -58,8 +64,12 @@ def test_poison_payload_and_raising_provider_end_terminal_while_healthy_records_
     finally:
         server.stop()
     # The ORM would decode the poison payload too: read the delivery columns only.
-    rows = dict((pk, rest) for pk, *rest in NotificationEntity.objects.filter(pk__in=[poison.pk, buggy.pk])
-                .values_list("pk", "status", "dead_lettered_at", "attempts", "error_kind"))
+    rows = dict(
+        (pk, rest)
+        for pk, *rest in NotificationEntity.objects.filter(pk__in=[poison.pk, buggy.pk]).values_list(
+            "pk", "status", "dead_lettered_at", "attempts", "error_kind"
+        )
+    )
     for pk in (poison.pk, buggy.pk):
         status, dead, attempts, _ = rows[pk]
         assert status == Status.FAILED and dead is not None
@@ -73,18 +83,30 @@ def test_poison_payload_and_raising_provider_end_terminal_while_healthy_records_
 
 def test_provider_crashing_the_process_is_terminal_after_max_attempts(start_worker, tmp_path: Path):
     call_log = tmp_path / "calls.log"
-    crash = ChannelConfig.objects.create(key="crash", provider_key="process_crash", max_attempts=3,
-                                         timeout_seconds=0.5, options={"call_log": str(call_log)})
-    healthy = ChannelConfig.objects.create(key="ok", provider_key="recording", max_attempts=8,
-                                           timeout_seconds=0.5, options={"call_log": str(call_log)})
+    crash = ChannelConfig.objects.create(
+        key="crash",
+        provider_key="process_crash",
+        max_attempts=3,
+        timeout_seconds=0.5,
+        options={"call_log": str(call_log)},
+    )
+    healthy = ChannelConfig.objects.create(
+        key="ok",
+        provider_key="recording",
+        max_attempts=8,
+        timeout_seconds=0.5,
+        options={"call_log": str(call_log)},
+    )
     seed_due(crash, 1)
     seed_due(healthy, 200)
     settings = {"PROVIDERS": PROVIDERS, "LEASE_GRACE_SECONDS": 0.2}
     restarts = 0
     deadline = time.monotonic() + 60
     # A supervisor's job: start the worker again whenever it dies.
-    while (NotificationEntity.objects.filter(dead_lettered_at=None).exclude(status=Status.SENT).exists()
-           and time.monotonic() < deadline):
+    while (
+        NotificationEntity.objects.filter(dead_lettered_at=None).exclude(status=Status.SENT).exists()
+        and time.monotonic() < deadline
+    ):
         worker = start_worker(["--once", "--batch-size", "1000"], settings, name="crashy")
         status = worker.wait(30)
         restarts += status != 0
@@ -97,10 +119,13 @@ def test_provider_crashing_the_process_is_terminal_after_max_attempts(start_work
     assert_one_event_per_final_outcome()
 
 
-@pytest.mark.parametrize("provider_key,options,problem", [
-    ("no_such_provider", {}, "unknown provider key"),
-    ("webhook", {}, "needs options['url']"),
-])
+@pytest.mark.parametrize(
+    "provider_key,options,problem",
+    [
+        ("no_such_provider", {}, "unknown provider key"),
+        ("webhook", {}, "needs options['url']"),
+    ],
+)
 def test_broken_channel_makes_no_call_and_is_reported(start_worker, provider_key, options, problem):
     server = ScriptedServer().start()
     try:

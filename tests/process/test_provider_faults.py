@@ -42,14 +42,22 @@ def message() -> OutgoingMessage:
     return OutgoingMessage(uuid.uuid4(), None, "hook", "user@example.com", {"n": 1}, 1, 5, "")
 
 
-@pytest.mark.parametrize("reply", [Reply(200, {"id": "late"}, drip=1), Reply(hang=True),
-                                   Reply(200, {"id": "x" * 200}, drip=8)],
-                         ids=["drip-headers", "hang", "drip-body"])
+@pytest.mark.parametrize(
+    "reply",
+    [Reply(200, {"id": "late"}, drip=1), Reply(hang=True), Reply(200, {"id": "x" * 200}, drip=8)],
+    ids=["drip-headers", "hang", "drip-body"],
+)
 def test_each_webhook_attempt_ends_within_timeout_plus_1s_and_is_retriable(reply):
     server = ScriptedServer(lambda request: reply).start()
-    provider = WebhookProvider(ChannelConfig(
-        key="hook", provider_key="webhook", timeout_seconds=1.5, max_concurrency=1,
-        options={"url": server.url}).settings())
+    provider = WebhookProvider(
+        ChannelConfig(
+            key="hook",
+            provider_key="webhook",
+            timeout_seconds=1.5,
+            max_concurrency=1,
+            options={"url": server.url},
+        ).settings()
+    )
     try:
         started = time.monotonic()
         with pytest.raises(RetryableProviderError) as failure:
@@ -64,14 +72,16 @@ def test_each_webhook_attempt_ends_within_timeout_plus_1s_and_is_retriable(reply
 
 @pytest.mark.django_db(transaction=True)
 def test_hung_provider_tick_respects_max_duration_and_counts_retriable_attempts(start_worker):
-    server = ScriptedServer(lambda request: Reply(200, {"id": "late"}, drip=1) if len(server.requests) % 2
-                            else Reply(hang=True)).start()
+    server = ScriptedServer(
+        lambda request: Reply(200, {"id": "late"}, drip=1) if len(server.requests) % 2 else Reply(hang=True)
+    ).start()
     try:
         timeout, max_duration = 1.0, 2.0
         channel = webhook_channel(server.url, timeout_seconds=timeout, max_concurrency=2, max_attempts=5)
         seed_due(channel, 30)
-        worker = start_worker(["--once", "--batch-size", "1000", "--max-duration", str(max_duration)],
-                              SETTINGS)
+        worker = start_worker(
+            ["--once", "--batch-size", "1000", "--max-duration", str(max_duration)], SETTINGS
+        )
         assert worker.wait(60) == 0, worker.output()
         first = min(r.received_at for r in server.requests)
         exited = time.monotonic()
@@ -101,11 +111,19 @@ def test_5xx_on_every_call_max_attempts_calls_gaps_in_jitter_band_one_alert_and_
     signals.terminal_failure.connect(receiver)
     try:
         max_attempts, base, jitter = 4, 1, 0.1
-        channel = webhook_channel(server.url, retry_backoff="fixed", backoff_base_seconds=base,
-                                  max_attempts=max_attempts, max_concurrency=5)
+        channel = webhook_channel(
+            server.url,
+            retry_backoff="fixed",
+            backoff_base_seconds=base,
+            max_attempts=max_attempts,
+            max_concurrency=5,
+        )
         seed_due(channel, 10)
-        drain(Worker(rng=random.Random(5)), lambda: not NotificationEntity.objects.filter(
-            dead_lettered_at__isnull=True).exists(), 30)
+        drain(
+            Worker(rng=random.Random(5)),
+            lambda: not NotificationEntity.objects.filter(dead_lettered_at__isnull=True).exists(),
+            30,
+        )
     finally:
         signals.terminal_failure.disconnect(receiver)
         server.stop()
@@ -136,11 +154,15 @@ def test_429_storm_waits_for_retry_after_then_keeps_to_the_rate_limit(settings):
 
     server = ScriptedServer(responder).start()
     try:
-        channel = webhook_channel(server.url, rate_limit_per_second=rate, max_concurrency=4, max_attempts=10,
-                                  backoff_base_seconds=1)
+        channel = webhook_channel(
+            server.url, rate_limit_per_second=rate, max_concurrency=4, max_attempts=10, backoff_base_seconds=1
+        )
         seed_due(channel, 25)
-        drain(Worker(rng=random.Random(3)), lambda: not NotificationEntity.objects.exclude(
-            status=Status.SENT).exists(), 40)
+        drain(
+            Worker(rng=random.Random(3)),
+            lambda: not NotificationEntity.objects.exclude(status=Status.SENT).exists(),
+            40,
+        )
     finally:
         server.stop()
     times = [r.received_at for r in server.requests]

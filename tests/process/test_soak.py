@@ -14,8 +14,12 @@ from django.db import connection
 from notifications_retry.models import ChannelConfig
 from tests.process.conftest import seed_due
 
-pytestmark = [pytest.mark.process, pytest.mark.soak, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.soak,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(3600),
+]
 
 BACKLOG = int(os.environ.get("NR_SOAK_BACKLOG", "1000000"))
 TICK_ROWS = int(os.environ.get("NR_SOAK_TICK_ROWS", "100000"))
@@ -60,9 +64,12 @@ def test_backlog_of_a_million_with_vacuum_held_back_keeps_half_the_throughput(st
     vacuum()
     dead_before_blocker = dead_tuples()
     # Another session holds a snapshot open (a report, a stuck transaction): vacuum cannot reclaim.
-    blocker = psycopg.connect(host=connection.settings_dict["HOST"] or "127.0.0.1",
-                              port=connection.settings_dict["PORT"] or 5432,
-                              user=connection.settings_dict["USER"], dbname=connection.settings_dict["NAME"])
+    blocker = psycopg.connect(
+        host=connection.settings_dict["HOST"] or "127.0.0.1",
+        port=connection.settings_dict["PORT"] or 5432,
+        user=connection.settings_dict["USER"],
+        dbname=connection.settings_dict["NAME"],
+    )
     try:
         blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         blocker.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
@@ -74,10 +81,12 @@ def test_backlog_of_a_million_with_vacuum_held_back_keeps_half_the_throughput(st
         blocker.close()
     vacuum()
     dead_after = dead_tuples()
-    print(f"rows/s normal {normal:.0f}; with vacuum held back {held[0]:.0f}, {held[1]:.0f} "
-          f"(ratio {min(held) / normal:.2f}); dead tuples after VACUUM: before the blocker "
-          f"{dead_before_blocker}, "
-          f"while held {dead_while_held}, after it ended {dead_after}")
+    print(
+        f"rows/s normal {normal:.0f}; with vacuum held back {held[0]:.0f}, {held[1]:.0f} "
+        f"(ratio {min(held) / normal:.2f}); dead tuples after VACUUM: before the blocker "
+        f"{dead_before_blocker}, "
+        f"while held {dead_while_held}, after it ended {dead_after}"
+    )
     assert min(held) >= normal / 2
     assert dead_while_held >= TICK_ROWS, "the held snapshot keeps the dead row versions"
     assert dead_after < dead_while_held / 100, "once the snapshot is gone, vacuum reclaims them"

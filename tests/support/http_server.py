@@ -63,11 +63,12 @@ class ScriptedServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
-                request = RecordedRequest("POST", self.path, {k.lower(): v for k, v in self.headers.items()},
-                                          body, time.monotonic())
+                request = RecordedRequest(
+                    "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic()
+                )
                 with server.lock:
                     server.requests.append(request)
                 reply = server.responder(request)

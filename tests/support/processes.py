@@ -22,18 +22,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
-def worker_env(database_url: str, database_name: str, settings: Mapping[str, Any] | None = None,
-               extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    database_url: str,
+    database_name: str,
+    settings: Mapping[str, Any] | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The environment a worker subprocess needs to use the given database and settings."""
     env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": database_url,
-        "NR_TEST_DATABASE_NAME": database_name,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "NR_TEST_SETTINGS_JSON": json.dumps(dict(settings or {})),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "NR_TEST_DATABASE_NAME": database_name,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "NR_TEST_SETTINGS_JSON": json.dumps(dict(settings or {})),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -41,8 +47,9 @@ def worker_env(database_url: str, database_name: str, settings: Mapping[str, Any
 class WorkerProcess:
     """``python -m django retry_worker ...`` as a real process; its output goes to a log file."""
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str], log_dir: Path,
-                 name: str = "worker") -> None:
+    def __init__(
+        self, args: Sequence[str], env: Mapping[str, str], log_dir: Path, name: str = "worker"
+    ) -> None:
         self.args = list(args)
         self.env = dict(env)
         self.log_path = Path(log_dir) / f"{name}-{time.monotonic_ns()}.log"
@@ -53,7 +60,11 @@ class WorkerProcess:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "retry_worker", *self.args],
-            env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.env,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         return self
@@ -129,25 +140,47 @@ class PrivateCluster:
         if self._user:
             pw = pwd.getpwnam(self._user)
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                  "-E", "UTF8", "--no-sync")
+        self._run(
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write(f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
-                       f"unix_socket_directories = '{self.dir}'\nfsync = off\nmax_connections = 40\n"
-                       "shared_buffers = 32MB\n")
+            conf.write(
+                f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.dir}'\nfsync = off\nmax_connections = 40\n"
+                "shared_buffers = 32MB\n"
+            )
         return self
 
     def start(self) -> None:
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w",
-                  "-t", "30", "start")
+        self._run(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "server.log"),
+            "-w",
+            "-t",
+            "30",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop",
-                  check=False)
+        self._run(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop", check=False
+        )
 
     def connect(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
-        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname,
-                               autocommit=True)
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True
+        )
 
     def destroy(self) -> None:
         self.stop("immediate")

@@ -38,8 +38,13 @@ def test_promtool_unit_tests_pass():
 
 def test_promtool_unit_tests_fail_when_a_threshold_drifts(tmp_path):
     # The unit tests must bite: move the backlog threshold and they fail.
-    rules = (RULES_DIR / "alerts.yml").read_text().replace(
-        "max(notifications_failed_backlog_gauge) > 1000", "max(notifications_failed_backlog_gauge) > 5000")
+    rules = (
+        (RULES_DIR / "alerts.yml")
+        .read_text()
+        .replace(
+            "max(notifications_failed_backlog_gauge) > 1000", "max(notifications_failed_backlog_gauge) > 5000"
+        )
+    )
     (tmp_path / "alerts.yml").write_text(rules)
     (tmp_path / "alerts_test.yml").write_text((RULES_DIR / "alerts_test.yml").read_text())
     result = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
@@ -59,8 +64,10 @@ def test_every_card_alert_exists_on_exported_metrics_with_a_runbook():
     assert "notifications_retry_terminal_failed_total" in rules["NotificationsTerminalFailuresSpike"]
     assert "notifications_retry_circuit_state) == 2" in rules["NotificationsProviderDown"]
     assert "notifications_retry_last_cycle_duration_ms) > 45000" in rules["NotificationsRetryTickTooLong"]
-    assert "notifications_retry_last_tick_completed_timestamp_seconds" in (
-        rules["NotificationsRetryWorkerStalled"])
+    assert (
+        "notifications_retry_last_tick_completed_timestamp_seconds"
+        in (rules["NotificationsRetryWorkerStalled"])
+    )
 
     from notifications_retry import metrics
 

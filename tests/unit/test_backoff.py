@@ -12,7 +12,9 @@ from notifications_retry.retry import BackoffPolicy, next_attempt_at
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(("attempts", "expected"), [(1, 60), (2, 120), (3, 240), (6, 1920), (7, 3600), (50, 3600)])
+@pytest.mark.parametrize(
+    ("attempts", "expected"), [(1, 60), (2, 120), (3, 240), (6, 1920), (7, 3600), (50, 3600)]
+)
 def test_exponential_doubles_from_base_up_to_cap(attempts, expected):
     assert BackoffPolicy("exponential", 60, 3600).base_delay(attempts) == expected
 

@@ -76,27 +76,54 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         conf = get_settings()
         parser.add_argument("--once", action="store_true", help="Run one tick and exit (cron, k8s CronJob).")
-        parser.add_argument("--interval", type=_non_negative_float, default=None,
-                            help=f"Seconds between tick starts (default {conf.INTERVAL_SECONDS:g}).")
-        parser.add_argument("--batch-size", type=_positive_int, default=None,
-                            help=f"Most records a tick takes (default {conf.BATCH_SIZE}).")
-        parser.add_argument("--max-duration", type=_positive_float, default=None,
-                            help=f"Seconds after which a tick takes no new records (default "
-                                 f"{conf.MAX_DURATION_SECONDS:g}).")
-        parser.add_argument("--lane", default=None,
-                            help="Run one lane of NOTIFICATIONS_RETRY['LANES'] with its own lock.")
-        parser.add_argument("--metrics-port", type=_port, default=None,
-                            help="Serve Prometheus metrics on this port (default: METRICS_PORT, or none; "
-                                 "0 picks a free port, logged as metrics-exporter-started).")
-        parser.add_argument("--metrics-addr", type=_ip_address, default="127.0.0.1",
-                            help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 in a "
-                                 "container scraped from outside).")
-        parser.add_argument("--check", action="store_true",
-                            help="Liveness probe: exit 0 when the lane's last completed tick is recent "
-                                 "enough, 1 otherwise. Runs no tick.")
-        parser.add_argument("--max-age", type=_positive_float, default=None,
-                            help=f"With --check: seconds after which the last completed tick is too old "
-                                 f"(default HEARTBEAT_MAX_AGE_SECONDS, {conf.HEARTBEAT_MAX_AGE_SECONDS:g}).")
+        parser.add_argument(
+            "--interval",
+            type=_non_negative_float,
+            default=None,
+            help=f"Seconds between tick starts (default {conf.INTERVAL_SECONDS:g}).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=None,
+            help=f"Most records a tick takes (default {conf.BATCH_SIZE}).",
+        )
+        parser.add_argument(
+            "--max-duration",
+            type=_positive_float,
+            default=None,
+            help=f"Seconds after which a tick takes no new records (default {conf.MAX_DURATION_SECONDS:g}).",
+        )
+        parser.add_argument(
+            "--lane", default=None, help="Run one lane of NOTIFICATIONS_RETRY['LANES'] with its own lock."
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=_port,
+            default=None,
+            help="Serve Prometheus metrics on this port (default: METRICS_PORT, or none; "
+            "0 picks a free port, logged as metrics-exporter-started).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            type=_ip_address,
+            default="127.0.0.1",
+            help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 in a "
+            "container scraped from outside).",
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Liveness probe: exit 0 when the lane's last completed tick is recent "
+            "enough, 1 otherwise. Runs no tick.",
+        )
+        parser.add_argument(
+            "--max-age",
+            type=_positive_float,
+            default=None,
+            help=f"With --check: seconds after which the last completed tick is too old "
+            f"(default HEARTBEAT_MAX_AGE_SECONDS, {conf.HEARTBEAT_MAX_AGE_SECONDS:g}).",
+        )
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         if options.get("check"):
@@ -114,23 +141,32 @@ class Command(BaseCommand):
         if port is not None:
             self._serve_metrics(options["metrics_addr"], port)
         try:
-            run_worker(once=options["once"], batch_size=options["batch_size"],
-                       max_duration=options["max_duration"], interval=options["interval"],
-                       lane=options["lane"])
+            run_worker(
+                once=options["once"],
+                batch_size=options["batch_size"],
+                max_duration=options["max_duration"],
+                interval=options["interval"],
+                lane=options["lane"],
+            )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from exc
 
     def _check(self, options: dict[str, Any]) -> None:
-        conflicting = [f"--{name.replace('_', '-')}" for name in
-                       ("once", "interval", "batch_size", "max_duration", "metrics_port")
-                       if options[name] not in (None, False)]
+        conflicting = [
+            f"--{name.replace('_', '-')}"
+            for name in ("once", "interval", "batch_size", "max_duration", "metrics_port")
+            if options[name] not in (None, False)
+        ]
         if conflicting:
-            raise CommandError(f"--check runs no tick; it cannot be combined with {', '.join(conflicting)}",
-                               returncode=2)
+            raise CommandError(
+                f"--check runs no tick; it cannot be combined with {', '.join(conflicting)}", returncode=2
+            )
         lane = options["lane"]
         if lane and lane != "default" and lane not in get_settings().LANES:
-            raise CommandError(f"unknown lane {lane!r}; configured lanes: "
-                               f"{sorted(get_settings().LANES) or 'none'}", returncode=2)
+            raise CommandError(
+                f"unknown lane {lane!r}; configured lanes: {sorted(get_settings().LANES) or 'none'}",
+                returncode=2,
+            )
         verdict = check_liveness(lane=lane, max_age=options["max_age"])
         if not verdict.healthy:
             raise CommandError(verdict.describe(), returncode=1)
@@ -140,6 +176,7 @@ class Command(BaseCommand):
         try:
             bound = metrics.start_exporter(port, addr)
         except OSError as exc:
-            raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}",
-                               returncode=2) from exc
+            raise CommandError(
+                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}", returncode=2
+            ) from exc
         log.info("metrics-exporter-started", addr=addr, port=bound)
