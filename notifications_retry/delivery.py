@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -166,16 +166,41 @@ def claim_due(
     budgets: Mapping[int, tuple[int, str]],
     attempts_by_type: Mapping[str, int] | None = None,
     priorities: Sequence[int] | None = None,
+    settle: Callable[[ClaimedRecord], Outcome | None] | None = None,
 ) -> ClaimBatch:
     """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
 
     ``budgets`` maps channel id to (max_attempts, key). Rows whose budget is already spent (the
     worker died during their last attempt) or whose deadline passed are settled as terminal in
     the same transaction, without a provider call.
+
+    ``settle`` may deliver a record on the spot: it is called for each claimable record (its
+    ``attempts`` already counting this attempt) and returns an outcome, or None to lease the record.
+    Only for providers that do no I/O (``Provider.inline``): a settled record is finalized in this
+    same short transaction, with no lease, so a no-op drain writes each row once, not twice. If
+    writing those outcomes fails, the claim is redone without ``settle``, so the usual per-record
+    finalize isolates the bad row.
     """
     plan = [p for p in plan if p.limit > 0]
     if not plan or total <= 0:
         return ClaimBatch([], [])
+    if settle is not None:
+        try:
+            return _claim(now, plan, total, budgets, attempts_by_type, priorities, settle)
+        except DatabaseError:
+            logger.warning("claim with on-the-spot delivery failed; claiming with leases", exc_info=True)
+    return _claim(now, plan, total, budgets, attempts_by_type, priorities, None)
+
+
+def _claim(
+    now: datetime,
+    plan: Sequence[ChannelClaim],
+    total: int,
+    budgets: Mapping[int, tuple[int, str]],
+    attempts_by_type: Mapping[str, int] | None,
+    priorities: Sequence[int] | None,
+    settle: Callable[[ClaimedRecord], Outcome | None] | None,
+) -> ClaimBatch:
     by_type = attempts_by_type or {}
     token = uuid.uuid4()
     sql, params = claim_query(now, plan, total=total, priorities=priorities)
@@ -263,6 +288,10 @@ def claim_due(
                     )
                 else:
                     record.attempts = attempts + 1
+                    outcome = settle(record) if settle is not None else None
+                    if outcome is not None:
+                        settled.append(outcome)
+                        continue
                     record.claim_token = token
                     ids.append(nid)
                     expires.append(now + timedelta(seconds=float(lease)))
@@ -283,6 +312,7 @@ def _json(value: Any) -> Any:
 _FINALIZE = f"""
 UPDATE {_TABLE} t
 SET status = v.status,
+    attempts = v.attempts,
     next_attempt_at = v.next_attempt_at,
     provider_message_id = COALESCE(v.provider_message_id, t.provider_message_id),
     last_error = v.last_error,
@@ -294,9 +324,9 @@ SET status = v.status,
     updated_at = %(now)s,
     attempt_log = t.attempt_log || jsonb_build_array(v.log_entry)
 FROM jsonb_to_recordset(%(rows)s::jsonb)
-     AS v(id uuid, token uuid, status text, next_attempt_at timestamptz, provider_message_id text,
-          last_error text, error_kind text, dead_lettered_at timestamptz, dead_letter_reason text,
-          log_entry jsonb),
+     AS v(id uuid, token uuid, status text, attempts int, next_attempt_at timestamptz,
+          provider_message_id text, last_error text, error_kind text, dead_lettered_at timestamptz,
+          dead_letter_reason text, log_entry jsonb),
      {_CHANNEL} c
 WHERE t.id = v.id AND (NOT %(guarded)s OR t.claim_token = v.token) AND c.id = t.channel_id
 RETURNING t.id, t.tenant_id, t.attempts, t.requeue_count, c.key
@@ -324,6 +354,8 @@ def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list
                 "id": str(o.record.id),
                 "token": str(o.record.claim_token) if o.record.claim_token else None,
                 "status": sent_status if sent else failed_status,
+                # The claimed count: unchanged for a leased record, this attempt for one settled in its claim.
+                "attempts": o.record.attempts,
                 "next_attempt_at": next_at.isoformat() if next_at else None,
                 "provider_message_id": o.provider_message_id,
                 "last_error": error,

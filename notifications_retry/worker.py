@@ -417,6 +417,22 @@ class Worker:
         bound: Any,
     ) -> None:
         budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
+
+        def settle(record: ClaimedRecord) -> Outcome | None:
+            # Providers without I/O deliver inside the claim: one row write instead of lease + finalize.
+            rt = runtimes[record.channel_id]
+            if not rt.inline:
+                return None
+            if time.monotonic() < rt.paused_until:
+                return self._deferred(rt, record, time.monotonic())
+            if rt.queue or not rt.can_start(time.monotonic()):
+                return None
+            rt.limiter.take(time.monotonic())
+            rt.breaker.started()
+            outcome = self._send(rt, record)
+            self._account(rt, outcome, results, bound)
+            return outcome
+
         batch = claim_due(
             self.clock.now(),
             plan,
@@ -424,6 +440,7 @@ class Worker:
             budgets=budgets,
             attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
             priorities=self.lane_priorities,
+            settle=settle,
         )
         got: dict[int, int] = {}
         for record in batch.records:
@@ -439,6 +456,18 @@ class Worker:
             for p in plan:
                 if got.get(p.channel_id, 0) < p.limit:
                     runtimes[p.channel_id].exhausted = True
+
+    def _deferred(self, rt: ChannelRuntime, record: ClaimedRecord, now_mono: float) -> Outcome:
+        """A claimed record of a throttled channel, rescheduled unsent for when the pause ends."""
+        return self._failure(
+            rt,
+            record,
+            True,
+            "throttled",
+            "channel throttled by the provider; not sent",
+            max(0.0, rt.paused_until - now_mono),
+            now_mono,
+        )
 
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any) -> None:
         """On a stop, give back claimed records not started yet: only the calls in flight are finished."""
@@ -563,18 +592,7 @@ class Worker:
             # The provider asked the whole channel to wait: records already claimed for it are not sent
             # before Retry-After; they are rescheduled like the throttled one (the attempt stays counted).
             while rt.queue:
-                record = rt.queue.popleft()
-                results.append(
-                    self._failure(
-                        rt,
-                        record,
-                        True,
-                        "throttled",
-                        "channel throttled by the provider; not sent",
-                        pause,
-                        now_mono,
-                    )
-                )
+                results.append(self._deferred(rt, rt.queue.popleft(), now_mono))
         elif outcome.retriable:
             changed = rt.breaker.failure(now_mono)
         else:

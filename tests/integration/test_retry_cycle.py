@@ -292,3 +292,48 @@ def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_
     untouched = oldest_first[2]
     untouched.refresh_from_db()
     assert untouched.attempts == 1 and untouched.error_kind == ""
+
+
+def test_inline_channel_throttled_mid_claim_defers_the_rest_unsent(clock):
+    channel = ChannelFactory(key="email", provider_key="stub", options={"fail": "throttled"}, max_attempts=5)
+    records = [
+        failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i)) for i in range(3)
+    ]
+    stats = make_worker(clock).tick()
+    assert stats.retried == 3
+    errors = []
+    for record in records:
+        record.refresh_from_db()
+        assert record.next_attempt_at >= clock.now() + timedelta(seconds=60)
+        errors.append(record.last_error)
+    not_sent = "channel throttled by the provider; not sent"
+    assert sorted(errors) == sorted(["stub told to throttle", not_sent, not_sent])
+
+
+def test_inline_delivery_writes_each_row_once(clock):
+    # A provider without I/O delivers inside the claim: no lease is written, one UPDATE per row.
+    from django.db import connection
+
+    table = NotificationEntity._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE nr_test_updates (id uuid)")
+        cursor.execute(
+            "CREATE FUNCTION nr_test_count_update() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN INSERT INTO nr_test_updates VALUES (NEW.id); RETURN NEW; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nr_test_count AFTER UPDATE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION nr_test_count_update()"
+        )
+    record = failed_due(clock, ChannelFactory(key="in_app"))
+    slow = ChannelFactory(key="slow", provider_key="stub", options={"delay_seconds": 0.01})
+    leased = failed_due(clock, slow)
+    make_worker(clock).tick()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, count(*) FROM nr_test_updates GROUP BY id")
+        writes = dict(cursor.fetchall())
+    assert writes == {record.pk: 1, leased.pk: 2}, "inline: one write; leased: claim + finalize"
+    record.refresh_from_db()
+    assert record.status == Status.SENT and record.attempts == 2
+    assert record.claim_token is None and record.claim_expires_at is None
+    assert [e["attempt"] for e in record.attempt_log] == [2]
