@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import FrameType
 from typing import Any
@@ -144,6 +144,27 @@ class ChannelRuntime:
         return self.inline or self.inflight < self.config.max_concurrency
 
 
+class _InFlight:
+    """Calls in flight, shared by the loop and the sender threads.
+
+    One lock guards it and every pop from a channel's queue: a sender thread that finishes a call
+    starts the channel's next queued record itself, so a slot never waits for the loop's thread
+    while that thread is busy claiming or finalizing.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: dict[uuid.UUID, tuple[ClaimedRecord, ChannelRuntime, float]] = {}
+        self.done: queue.SimpleQueue[tuple[ChannelRuntime, Outcome]] = queue.SimpleQueue()
+
+    def start(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
+        """Register a call (the caller holds the lock and has checked ``rt.can_start``)."""
+        now_mono = time.monotonic()
+        rt.limiter.take(now_mono)
+        rt.breaker.started()
+        self.calls[record.id] = (record, rt, now_mono)
+
+
 def _circuit_changed(channel: str, old: str, new: str) -> None:
     """Publish a breaker's state change as the gauge and a ``circuit-<state>`` log event."""
     metrics.CIRCUIT_STATE.labels(channel).set(metrics.CIRCUIT_STATE_VALUES[new])
@@ -212,6 +233,7 @@ class Worker:
         self._runtimes: dict[int, ChannelRuntime] = {}
         self._fingerprints: dict[int, tuple[Any, ...]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._flight = _InFlight()
         # The running tick's id and trace context, for record spans started in pool threads.
         self._run_id: str | None = None
         self._trace_parent: Any = None
@@ -322,13 +344,10 @@ class Worker:
         runtimes = self._load_channels(stats, bound)
         deadline = started + self.max_duration
         remaining = self.batch_size
-        inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]] = {}
+        flight = self._flight
         results: list[Outcome] = []
         claiming = True
         flush_at = max(1, min(self.conf.CLAIM_CHUNK_SIZE, self.batch_size))
-        # Finished calls report here: waking on one queue costs O(1) per completion, where
-        # concurrent.futures.wait() would re-arm a waiter on every future in flight each time.
-        done: queue.SimpleQueue[Future[Outcome]] = queue.SimpleQueue()
         hung_checked_at = time.monotonic()
 
         while True:
@@ -353,36 +372,23 @@ class Worker:
                     else:
                         self._claim(plan, remaining, runtimes, stats, results, bound)
                         remaining = self.batch_size - stats.claims
-            # Start what may start now; inline providers run right here.
-            for rt in runtimes.values():
-                while rt.queue and rt.can_start(time.monotonic()):
-                    record = rt.queue.popleft()
-                    now_mono = time.monotonic()
-                    rt.limiter.take(now_mono)
-                    rt.breaker.started()
-                    if rt.inline:
-                        results.append(self._send(rt, record))
-                        self._account(rt, results[-1], results, bound)
-                    else:
-                        rt.inflight += 1
-                        future = self._executor().submit(self._send, rt, record)
-                        inflight[future] = (record, rt, now_mono)
-                        future.add_done_callback(done.put)
+            self._dispatch(runtimes, results, bound)
             # Collect finished calls; abandon any that outlived their timeout.
-            if inflight:
-                for future in self._completed(done, self._wait_time(runtimes)):
-                    entry = inflight.pop(future, None)
-                    if entry is None:
-                        continue  # abandoned as hung earlier; its late result is ignored
-                    record, rt, _ = entry
-                    rt.inflight -= 1
-                    results.append(future.result())
-                    self._account(rt, results[-1], results, bound)
+            if flight.calls:
+                for rt, outcome in self._completed(flight.done, self._wait_time(runtimes)):
+                    results.append(outcome)
+                    self._account(rt, outcome, results, bound)
                 if time.monotonic() - hung_checked_at >= HUNG_CHECK_SECONDS:
                     hung_checked_at = time.monotonic()
-                    self._abandon_hung(inflight, results, bound)
-            queued = any(rt.queue for rt in runtimes.values())
-            idle = not inflight and not queued
+                    self._abandon_hung(results, bound)
+            else:
+                for rt, outcome in self._completed(flight.done, 0):
+                    results.append(outcome)
+                    self._account(rt, outcome, results, bound)
+            with flight.lock:
+                queued = any(rt.queue for rt in runtimes.values())
+                idle = not flight.calls and flight.done.empty() and not queued
+                calls = bool(flight.calls)
             if results and (len(results) >= flush_at or idle or not claiming):
                 self._finalize(results, stats, bound)
                 results = []
@@ -391,14 +397,58 @@ class Worker:
                     break
                 if not any(rt.capacity(time.monotonic(), self.conf) for rt in runtimes.values()):
                     break  # every channel is exhausted, paused or open-circuited for now
-            elif not inflight and queued:
+            elif not calls and queued:
                 time.sleep(min(0.05, self._wait_time(runtimes)))
 
+    def _dispatch(self, runtimes: dict[int, ChannelRuntime], results: list[Outcome], bound: Any) -> None:
+        """Start what may start now: inline providers run right here, others on the thread pool."""
+        flight = self._flight
+        for rt in runtimes.values():
+            if rt.inline:
+                while rt.queue and rt.can_start(time.monotonic()):
+                    record = rt.queue.popleft()
+                    rt.limiter.take(time.monotonic())
+                    rt.breaker.started()
+                    results.append(self._send(rt, record))
+                    self._account(rt, results[-1], results, bound)
+                continue
+            with flight.lock:
+                while rt.queue and rt.can_start(time.monotonic()):
+                    record = rt.queue.popleft()
+                    flight.start(rt, record)
+                    rt.inflight += 1
+                    self._executor().submit(self._send_chain, rt, record)
+
+    def _send_chain(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
+        """Send on a pool thread, then keep the slot busy with the channel's next queued record."""
+        flight = self._flight
+        while True:
+            outcome = self._send(rt, record)
+            with flight.lock:
+                if flight.calls.pop(record.id, None) is None:
+                    return  # abandoned as hung: the loop reported it and freed the slot
+                flight.done.put((rt, outcome))
+                # Chain only after a success: a failure goes through the loop's flow control first
+                # (throttling pauses the channel, the circuit breaker may open).
+                if (
+                    outcome.result == SENT
+                    and not self.stopping
+                    and rt.queue
+                    and rt.can_start(time.monotonic())
+                ):
+                    record = rt.queue.popleft()
+                    flight.start(rt, record)
+                    continue
+                rt.inflight -= 1
+                return
+
     @staticmethod
-    def _completed(done: queue.SimpleQueue[Future[Outcome]], timeout: float) -> list[Future[Outcome]]:
-        """Futures finished so far, waiting up to ``timeout`` for the first one."""
+    def _completed(
+        done: queue.SimpleQueue[tuple[ChannelRuntime, Outcome]], timeout: float
+    ) -> list[tuple[ChannelRuntime, Outcome]]:
+        """Calls finished so far, waiting up to ``timeout`` for the first one."""
         try:
-            finished = [done.get(timeout=timeout)]
+            finished = [done.get(timeout=timeout) if timeout > 0 else done.get_nowait()]
         except queue.Empty:
             return []
         while True:
@@ -471,9 +521,10 @@ class Worker:
 
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any) -> None:
         """On a stop, give back claimed records not started yet: only the calls in flight are finished."""
-        queued = [record for rt in runtimes.values() for record in rt.queue]
-        for rt in runtimes.values():
-            rt.queue.clear()
+        with self._flight.lock:
+            queued = [record for rt in runtimes.values() for record in rt.queue]
+            for rt in runtimes.values():
+                rt.queue.clear()
         released = release(queued)
         bound.info("records-released", count=released, reason="stop requested before they were sent")
 
@@ -591,8 +642,10 @@ class Worker:
             )
             # The provider asked the whole channel to wait: records already claimed for it are not sent
             # before Retry-After; they are rescheduled like the throttled one (the attempt stays counted).
-            while rt.queue:
-                results.append(self._deferred(rt, rt.queue.popleft(), now_mono))
+            with self._flight.lock:
+                queued = list(rt.queue)
+                rt.queue.clear()
+            results.extend(self._deferred(rt, record, now_mono) for record in queued)
         elif outcome.retriable:
             changed = rt.breaker.failure(now_mono)
         else:
@@ -610,28 +663,28 @@ class Worker:
                 reason="circuit opened before they were sent",
             )
 
-    def _abandon_hung(
-        self,
-        inflight: dict[Future[Outcome], tuple[ClaimedRecord, ChannelRuntime, float]],
-        results: list[Outcome],
-        bound: Any,
-    ) -> None:
+    def _abandon_hung(self, results: list[Outcome], bound: Any) -> None:
+        """Report calls that outlived their channel's timeout as timeouts and free their slots."""
         now_mono = time.monotonic()
-        for future, (record, rt, started) in list(inflight.items()):
-            if now_mono - started > rt.config.timeout_seconds + ABANDON_GRACE_SECONDS:
-                del inflight[future]
-                rt.inflight -= 1
-                outcome = self._failure(
-                    rt,
-                    record,
-                    True,
-                    "timeout",
-                    f"provider did not return within {rt.config.timeout_seconds:g}s",
-                    None,
-                    started,
-                )
-                results.append(outcome)
-                self._account(rt, outcome, results, bound)
+        hung: list[tuple[ClaimedRecord, ChannelRuntime, float]] = []
+        with self._flight.lock:
+            for record_id, (record, rt, started) in list(self._flight.calls.items()):
+                if now_mono - started > rt.config.timeout_seconds + ABANDON_GRACE_SECONDS:
+                    del self._flight.calls[record_id]
+                    rt.inflight -= 1
+                    hung.append((record, rt, started))
+        for record, rt, started in hung:
+            outcome = self._failure(
+                rt,
+                record,
+                True,
+                "timeout",
+                f"provider did not return within {rt.config.timeout_seconds:g}s",
+                None,
+                started,
+            )
+            results.append(outcome)
+            self._account(rt, outcome, results, bound)
 
     def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
         now_mono = time.monotonic()
