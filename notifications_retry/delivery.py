@@ -334,8 +334,8 @@ RETURNING t.id, t.tenant_id, t.attempts, t.requeue_count, c.key
 
 _OUTBOX_INSERT = f"""
 INSERT INTO {_OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at, published_at)
-SELECT v.event_id, %(topic)s, v.key, %(version)s, v.generation, v.payload, %(now)s, NULL
-FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(event_id uuid, key text, generation int, payload jsonb)
+SELECT gen_random_uuid(), %(topic)s, v.key, %(version)s, v.generation, v.payload, %(now)s, NULL
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(key text, generation int, payload jsonb)
 """
 
 
@@ -385,7 +385,6 @@ def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list
                 _, tenant, attempts, requeue_count, channel_key = applied_rows[o.record.id]
                 event_rows.append(
                     {
-                        "event_id": str(uuid.uuid4()),
                         "key": str(o.record.id),
                         "generation": requeue_count,
                         "payload": events.dispatched_payload(

@@ -56,8 +56,13 @@ log = structlog.get_logger("notifications_retry.worker")
 RATE_HORIZON_SECONDS = 0.25
 #: A provider call that outlives its channel timeout by this much is abandoned as a timeout.
 ABANDON_GRACE_SECONDS = 1.0
+#: Rounds of max_concurrency records a non-inline channel keeps claimed behind its calls in flight.
+QUEUE_ROUNDS = 3
 #: How often the loop looks for calls to abandon (a scan of everything in flight).
 HUNG_CHECK_SECONDS = 0.1
+#: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
+#: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
+LOCK_CHECK_SECONDS = 0.5
 DEFAULT_LANE = "default"
 
 
@@ -115,7 +120,8 @@ class ChannelRuntime:
     def lease_seconds(self, conf: RetrySettings) -> float:
         """Long enough for the queue ahead of a record and its own call, plus a grace period."""
         timeout = float(self.config.timeout_seconds)
-        return 2 * timeout + RATE_HORIZON_SECONDS + conf.LEASE_GRACE_SECONDS
+        # Every queued record ahead of this one may take a whole timeout, one slot-round at a time.
+        return (QUEUE_ROUNDS + 1) * timeout + RATE_HORIZON_SECONDS + conf.LEASE_GRACE_SECONDS
 
     def capacity(self, now_mono: float, conf: RetrySettings) -> int:
         """How many more records to claim for this channel now (0: none)."""
@@ -124,8 +130,9 @@ class ChannelRuntime:
         if self.inline:
             wanted = conf.CLAIM_CHUNK_SIZE - len(self.queue)
         else:
-            # Keep one round queued behind the calls in flight, so slots never wait for a claim.
-            wanted = 2 * self.config.max_concurrency - self.inflight - len(self.queue)
+            # Keep rounds queued behind the calls in flight, so slots never wait for a claim and
+            # claims come in chunks of at least a round.
+            wanted = (QUEUE_ROUNDS + 1) * self.config.max_concurrency - self.inflight - len(self.queue)
         wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
         depth = wanted + len(self.queue)
         if self.limiter.limited:
@@ -349,6 +356,7 @@ class Worker:
         claiming = True
         flush_at = max(1, min(self.conf.CLAIM_CHUNK_SIZE, self.batch_size))
         hung_checked_at = time.monotonic()
+        lock_checked_at, lock_ok = -LOCK_CHECK_SECONDS, False
 
         while True:
             now_mono = time.monotonic()
@@ -365,7 +373,10 @@ class Worker:
                 ]
                 plan = [p for p in plan if p.limit > 0]
                 if plan:
-                    if not self.lock.still_held():
+                    if time.monotonic() - lock_checked_at >= LOCK_CHECK_SECONDS:
+                        lock_checked_at = time.monotonic()
+                        lock_ok = self.lock.still_held()
+                    if not lock_ok:
                         stats.lock_lost = True
                         bound.error("retry-cycle-lock-lost")
                         claiming = False
