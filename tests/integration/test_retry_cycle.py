@@ -267,6 +267,7 @@ def test_fixed_backoff_and_retry_after_floor(clock):
 
 
 def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_server):
+    from notifications_retry.worker import QUEUE_ROUNDS
     from tests.support.http_server import Reply
 
     webhook_server.responder = lambda r: Reply(429, headers={"Retry-After": "120"})
@@ -277,21 +278,23 @@ def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_
         max_concurrency=1,
         max_attempts=5,
     )
+    claimed_at_most = QUEUE_ROUNDS + 1  # one call in flight, QUEUE_ROUNDS queued behind it
     records = [
-        failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i)) for i in range(3)
+        failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i))
+        for i in range(claimed_at_most + 2)
     ]
     stats = make_worker(clock).tick()
     assert len(webhook_server.requests) == 1
-    # Two were claimed (one call in flight, one queued behind it): both wait for Retry-After.
-    assert stats.retried == 2
+    # Everything claimed waits for Retry-After; the rest was never claimed.
+    assert stats.retried == claimed_at_most
     oldest_first = sorted(records, key=lambda r: r.next_attempt_at)
-    for record in oldest_first[:2]:
+    for record in oldest_first[:claimed_at_most]:
         record.refresh_from_db()
         assert record.error_kind == "throttled"
         assert record.next_attempt_at >= clock.now() + timedelta(seconds=120)
-    untouched = oldest_first[2]
-    untouched.refresh_from_db()
-    assert untouched.attempts == 1 and untouched.error_kind == ""
+    for untouched in oldest_first[claimed_at_most:]:
+        untouched.refresh_from_db()
+        assert untouched.attempts == 1 and untouched.error_kind == ""
 
 
 def test_inline_channel_throttled_mid_claim_defers_the_rest_unsent(clock):
