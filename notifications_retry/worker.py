@@ -665,8 +665,9 @@ class Worker:
         if changed == rt.breaker.OPEN and rt.queue:
             # Records claimed but not started keep their attempt budget through the cool-down: give them
             # back (attempts restored, lease cleared) instead of sending them into an outage.
-            queued = list(rt.queue)
-            rt.queue.clear()
+            with self._flight.lock:  # sender threads pop from this queue too
+                queued = list(rt.queue)
+                rt.queue.clear()
             bound.info(
                 "records-released",
                 channel=rt.config.key,
