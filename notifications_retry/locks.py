@@ -17,6 +17,26 @@ from django.db import connections
 logger = logging.getLogger(__name__)
 
 
+def dedicated_connection(using: str, application_name: str) -> psycopg.Connection[Any]:
+    """An autocommit connection of its own to database ``using``, with TCP keepalives.
+
+    Session advisory locks live on it: a fresh wrapper gives Django's connection parameters without
+    sharing Django's connection, and keepalives let the server notice a vanished owner.
+    """
+    params = connections.create_connection(using).get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.update(
+        autocommit=True,
+        application_name=application_name,
+        keepalives=1,
+        keepalives_idle=10,
+        keepalives_interval=5,
+        keepalives_count=3,
+    )
+    return psycopg.connect(**params)
+
+
 class AdvisoryLock:
     """``pg_try_advisory_lock(hashtextextended(name, 0))`` held on a connection of its own."""
 
@@ -31,20 +51,7 @@ class AdvisoryLock:
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        # A fresh wrapper gives Django's connection parameters without sharing Django's connection.
-        wrapper = connections.create_connection(self.using)
-        params = wrapper.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        params.update(
-            autocommit=True,
-            application_name="notifications_retry lock",
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=5,
-            keepalives_count=3,
-        )
-        conn = psycopg.connect(**params)
+        conn = dedicated_connection(self.using, "notifications_retry lock")
         conn.execute(f"SET idle_session_timeout = '{int(self.idle_session_timeout)}s'")
         row = conn.execute("SELECT hashtextextended(%s, 0)", (self.name,)).fetchone()
         assert row is not None

@@ -30,11 +30,12 @@ from typing import Any
 
 import psycopg
 import structlog
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, transaction
 
 from . import events
 from .clock import Clock, default_clock
 from .conf import get_settings
+from .locks import dedicated_connection
 from .models import Outbox
 from .publishers import Publisher, PublishError, get_publisher
 
@@ -78,19 +79,7 @@ class KeyLocks:
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        wrapper = connections.create_connection(self.using)
-        params = wrapper.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        params.update(
-            autocommit=True,
-            application_name="notifications_retry relay",
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=5,
-            keepalives_count=3,
-        )
-        self._conn = psycopg.connect(**params)
+        self._conn = dedicated_connection(self.using, "notifications_retry relay")
         return self._conn
 
     def acquire(self, keys: Sequence[str]) -> set[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from datetime import timedelta
 from typing import Any
 
@@ -10,16 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from notifications_retry.conf import get_settings
 from notifications_retry.housekeeping import run_housekeeping
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
+from notifications_retry.management import option_types
 
 
 class Command(BaseCommand):
@@ -32,19 +22,19 @@ class Command(BaseCommand):
         conf = get_settings()
         parser.add_argument(
             "--dead-letter-days",
-            type=_positive_int,
+            type=option_types.positive_int,
             default=None,
             help=f"Retention of unresolved dead letters (default {conf.DEAD_LETTER_RETENTION_DAYS}).",
         )
         parser.add_argument(
             "--outbox-days",
-            type=_positive_int,
+            type=option_types.positive_int,
             default=None,
             help=f"Retention of published outbox events (default {conf.OUTBOX_RETENTION_DAYS}).",
         )
         parser.add_argument(
             "--sample-hours",
-            type=_positive_int,
+            type=option_types.positive_int,
             default=None,
             help=f"Retention of backlog samples (default {conf.BACKLOG_SAMPLE_RETENTION_HOURS}).",
         )

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from notifications_retry.conf import get_settings
+from notifications_retry.management import option_types
 from notifications_retry.relay import run_relay
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
 
 
 class Command(BaseCommand):
@@ -47,13 +27,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive_int,
+            type=option_types.positive_int,
             default=None,
             help=f"Events claimed and published per batch (default {conf.OUTBOX_RELAY_BATCH_SIZE}).",
         )
         parser.add_argument(
             "--interval",
-            type=_positive_float,
+            type=option_types.positive_float,
             default=None,
             help=f"Pause once the outbox is drained (default {conf.OUTBOX_RELAY_INTERVAL_SECONDS:g}).",
         )

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
 from typing import Any
 
 import structlog
@@ -16,58 +14,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from notifications_retry import metrics
 from notifications_retry.conf import get_settings
 from notifications_retry.health_check import check_liveness
+from notifications_retry.management import option_types
 from notifications_retry.worker import run_worker
 
 log = structlog.get_logger("notifications_retry.command")
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
-
-
-def _non_negative_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
-
-
-def _port(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
-    if not 0 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {number}")
-    return number
-
-
-def _ip_address(value: str) -> str:
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an IP address such as 127.0.0.1 or 0.0.0.0, got {value!r}"
-        ) from None
 
 
 class Command(BaseCommand):
@@ -78,19 +28,19 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Run one tick and exit (cron, k8s CronJob).")
         parser.add_argument(
             "--interval",
-            type=_non_negative_float,
+            type=option_types.non_negative_float,
             default=None,
             help=f"Seconds between tick starts (default {conf.INTERVAL_SECONDS:g}).",
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive_int,
+            type=option_types.positive_int,
             default=None,
             help=f"Most records a tick takes (default {conf.BATCH_SIZE}).",
         )
         parser.add_argument(
             "--max-duration",
-            type=_positive_float,
+            type=option_types.positive_float,
             default=None,
             help=f"Seconds after which a tick takes no new records (default {conf.MAX_DURATION_SECONDS:g}).",
         )
@@ -99,14 +49,14 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-port",
-            type=_port,
+            type=option_types.port,
             default=None,
             help="Serve Prometheus metrics on this port (default: METRICS_PORT, or none; "
             "0 picks a free port, logged as metrics-exporter-started).",
         )
         parser.add_argument(
             "--metrics-addr",
-            type=_ip_address,
+            type=option_types.ip_address,
             default="127.0.0.1",
             help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 in a "
             "container scraped from outside).",
@@ -119,7 +69,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-age",
-            type=_positive_float,
+            type=option_types.positive_float,
             default=None,
             help=f"With --check: seconds after which the last completed tick is too old "
             f"(default HEARTBEAT_MAX_AGE_SECONDS, {conf.HEARTBEAT_MAX_AGE_SECONDS:g}).",
