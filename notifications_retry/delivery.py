@@ -185,10 +185,26 @@ def claim_due(
     if not plan or total <= 0:
         return ClaimBatch([], [])
     if settle is not None:
+        delivered = 0
+
+        def counted(record: ClaimedRecord) -> Outcome | None:
+            nonlocal delivered
+            outcome = settle(record)
+            delivered += outcome is not None
+            return outcome
+
         try:
-            return _claim(now, plan, total, budgets, attempts_by_type, priorities, settle)
+            return _claim(now, plan, total, budgets, attempts_by_type, priorities, counted)
         except DatabaseError:
-            logger.warning("claim with on-the-spot delivery failed; claiming with leases", exc_info=True)
+            if not delivered:
+                raise  # nothing was delivered on the spot: the claim itself failed
+            logger.warning(
+                "writing %d outcomes delivered inside their claim failed; claiming with leases",
+                delivered,
+                exc_info=True,
+            )
+            if connection.connection is not None and not connection.is_usable():
+                connection.close()  # a lost connection: the retry reconnects
     return _claim(now, plan, total, budgets, attempts_by_type, priorities, None)
 
 

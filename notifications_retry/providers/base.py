@@ -50,8 +50,10 @@ class Provider:
     """
 
     key: ClassVar[str] = ""
-    #: True for providers that do no I/O: the worker calls them on its own thread, skipping the pool.
-    #: An instance may decide for itself (the stub is inline unless told to wait).
+    #: True only for providers whose ``send`` has no effect outside the database (no network, no
+    #: files) and cannot hang: the worker calls them inside the claim transaction, on its own thread,
+    #: and a rollback of that transaction must undo everything they did. An instance may decide for
+    #: itself (the stub is inline unless told to wait).
     inline: bool = False
 
     def __init__(self, channel: ChannelSettings) -> None:

@@ -17,12 +17,14 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 Status = NotificationEntity.Status
 
-# Fails the finalize UPDATE (the claim token cleared) of chosen rows with the SQLSTATE in the recipient,
-# or terminates the session for 'lost'.
+# Fails the UPDATE that writes an outcome (the claim token cleared, or, for a record delivered inside
+# its claim, the status changed) of chosen rows with the SQLSTATE in the recipient, or terminates the
+# session for 'lost'.
 INJECT = """
 CREATE FUNCTION nr_test_inject() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL AND NEW.recipient LIKE 'inject-%' THEN
+    IF ((OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL) OR NEW.status <> OLD.status)
+       AND NEW.recipient LIKE 'inject-%' THEN
         IF NEW.recipient = 'inject-lost' THEN
             PERFORM pg_terminate_backend(pg_backend_pid());
             PERFORM pg_sleep(5);
@@ -48,11 +50,17 @@ ERRORS = {
 }
 
 
+# in_app delivers inside the claim transaction; a stub that waits goes through lease and finalize.
+PROVIDERS = {"inline": ("in_app", {}), "leased": ("stub", {"delay_seconds": 0.001})}
+
+
+@pytest.mark.parametrize("provider", list(PROVIDERS))
 @pytest.mark.parametrize("sqlstate", list(ERRORS.values()), ids=list(ERRORS))
-def test_finalize_error_writes_status_and_event_together_or_neither(sqlstate, settings):
+def test_finalize_error_writes_status_and_event_together_or_neither(sqlstate, provider, settings):
     settings.NOTIFICATIONS_RETRY = {"LEASE_GRACE_SECONDS": 0.2}
+    provider_key, options = PROVIDERS[provider]
     channel = ChannelConfig.objects.create(
-        key="in_app", provider_key="in_app", timeout_seconds=0.5, max_attempts=5
+        key="ch", provider_key=provider_key, options=options, timeout_seconds=0.5, max_attempts=5
     )
     due = db_now()
     poison = [

@@ -29,7 +29,8 @@ class RecordingProvider(Provider):
     """Succeeds, and appends every call to ``options["call_log"]`` (counts calls across processes)."""
 
     key: ClassVar[str] = "recording"
-    inline: ClassVar[bool] = True
+    # Not inline: appending to a file is an effect outside the database, which a rolled-back claim
+    # transaction could not undo.
 
     def send(self, message: OutgoingMessage) -> SendResult:
         _log_call(self.channel.options.get("call_log"), message)
