@@ -13,6 +13,8 @@ from typing import Any
 
 import structlog
 
+import notifications_retry.logging
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-secret")
@@ -98,6 +100,8 @@ _shared_processors: list[Any] = [
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
+    # Recipients, tokens and bodies are masked before any renderer sees them.
+    *notifications_retry.logging.processors(),
 ]
 structlog.configure(
     processors=[
