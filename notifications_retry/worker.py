@@ -566,6 +566,17 @@ class Worker:
     def _call(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         """Call the provider (no transaction open) and classify what happened."""
         started = time.monotonic()
+        if not isinstance(record.recipient, str) or not record.recipient.strip():
+            # No provider can deliver to nobody: a permanent failure, without a call.
+            return self._failure(
+                rt,
+                record,
+                False,
+                "invalid_recipient",
+                f"recipient {record.recipient!r} is empty",
+                None,
+                started,
+            )
         message = OutgoingMessage(
             notification_id=record.id,
             tenant_id=record.tenant_id,

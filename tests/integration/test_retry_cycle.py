@@ -340,3 +340,19 @@ def test_inline_delivery_writes_each_row_once(clock):
     assert record.status == Status.SENT and record.attempts == 2
     assert record.claim_token is None and record.claim_expires_at is None
     assert [e["attempt"] for e in record.attempt_log] == [2]
+
+
+@pytest.mark.parametrize("recipient", ["", "   "])
+def test_empty_recipient_is_terminal_at_once_without_a_call(clock, webhook_server, recipient):
+    channel = ChannelFactory(
+        key="webhook", provider_key="webhook", options={"url": webhook_server.url}, max_attempts=5
+    )
+    bad = failed_due(clock, channel, recipient=recipient)
+    good = failed_due(clock, channel)
+    stats = make_worker(clock).tick()
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert bad.dead_lettered_at is not None and bad.error_kind == "invalid_recipient"
+    assert good.status == Status.SENT
+    assert webhook_server.keys() == [str(good.id)]
+    assert stats.terminal == 1 and stats.sent == 1
