@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db.models import Count
 
 from . import metrics, tracing
 from .clock import Clock, default_clock
@@ -145,6 +146,11 @@ class ChannelRuntime:
             return 0
         return max(0, wanted)
 
+    def begin(self, now_mono: float) -> None:
+        """A send starts now: spend a rate-limit slot, and count a half-open circuit's probe."""
+        self.limiter.take(now_mono)
+        self.breaker.started()
+
     def can_start(self, now_mono: float) -> bool:
         if now_mono < self.paused_until or not self.limiter.ready(now_mono):
             return False
@@ -167,8 +173,7 @@ class _InFlight:
     def start(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
         """Register a call (the caller holds the lock and has checked ``rt.can_start``)."""
         now_mono = time.monotonic()
-        rt.limiter.take(now_mono)
-        rt.breaker.started()
+        rt.begin(now_mono)
         self.calls[record.id] = (record, rt, now_mono)
 
 
@@ -417,11 +422,7 @@ class Worker:
         for rt in runtimes.values():
             if rt.inline:
                 while rt.queue and rt.can_start(time.monotonic()):
-                    record = rt.queue.popleft()
-                    rt.limiter.take(time.monotonic())
-                    rt.breaker.started()
-                    results.append(self._send(rt, record))
-                    self._account(rt, results[-1], results, bound)
+                    results.append(self._send_inline(rt, rt.queue.popleft(), results, bound))
                 continue
             with flight.lock:
                 while rt.queue and rt.can_start(time.monotonic()):
@@ -429,6 +430,15 @@ class Worker:
                     flight.start(rt, record)
                     rt.inflight += 1
                     self._executor().submit(self._send_chain, rt, record)
+
+    def _send_inline(
+        self, rt: ChannelRuntime, record: ClaimedRecord, results: list[Outcome], bound: Any
+    ) -> Outcome:
+        """Send on this thread (an inline provider) and feed the outcome to the channel's flow control."""
+        rt.begin(time.monotonic())
+        outcome = self._send(rt, record)
+        self._account(rt, outcome, results, bound)
+        return outcome
 
     def _send_chain(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
         """Send on a pool thread, then keep the slot busy with the channel's next queued record."""
@@ -488,11 +498,7 @@ class Worker:
                 return self._deferred(rt, record, time.monotonic())
             if rt.queue or not rt.can_start(time.monotonic()):
                 return None
-            rt.limiter.take(time.monotonic())
-            rt.breaker.started()
-            outcome = self._send(rt, record)
-            self._account(rt, outcome, results, bound)
-            return outcome
+            return self._send_inline(rt, record, results, bound)
 
         batch = claim_due(
             self.clock.now(),
@@ -822,16 +828,14 @@ class Worker:
         self, unusable: dict[int, tuple[ChannelConfig, str]], stats: TickStats, bound: Any
     ) -> None:
         now = self.clock.now()
-        rows = (
+        counts = (
             NotificationEntity.objects.due(now)
             .filter(channel_id__in=list(unusable))
             .values_list("channel_id")
             .order_by()
+            .annotate(count=Count("pk"))
         )
-        counts: dict[int, int] = {}
-        for (cid,) in rows.iterator():
-            counts[cid] = counts.get(cid, 0) + 1
-        for cid, count in counts.items():
+        for cid, count in counts:
             config, reason = unusable[cid]
             stats.channel_disabled += count
             metrics.CHANNEL_DISABLED.labels(config.key).inc(count)
