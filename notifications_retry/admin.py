@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, time, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -33,7 +33,14 @@ from . import triage
 from .admin_views import dashboard_view, format_age
 from .conf import get_settings
 from .masking import mask_recipient
-from .models import ChannelConfig, DeadLetterAction, NotificationEntity, Outbox, WorkerHeartbeat
+from .models import (
+    ChannelConfig,
+    DeadLetterAction,
+    NotificationEntity,
+    NotificationQuerySet,
+    Outbox,
+    WorkerHeartbeat,
+)
 from .url_policy import webhook_url_problems
 
 if TYPE_CHECKING:
@@ -72,6 +79,11 @@ def _single(value: Any) -> str:
 # List filters
 
 
+def _notifications(queryset: QuerySet[Any]) -> NotificationQuerySet:
+    """The admin's queryset of notifications, typed as the app's QuerySet (its named states)."""
+    return cast(NotificationQuerySet, queryset)
+
+
 class DeadLetterFilter(admin.SimpleListFilter):
     title = "dead letter"
     parameter_name = "dead_letter"
@@ -82,9 +94,9 @@ class DeadLetterFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if value == "yes":
-            return queryset.filter(dead_lettered_at__isnull=False)
+            return _notifications(queryset).dead_letters()
         if value == "unresolved":
-            return queryset.filter(dead_lettered_at__isnull=False, resolution="")
+            return _notifications(queryset).unresolved_dead_letters()
         if value == "no":
             return queryset.filter(dead_lettered_at__isnull=True)
         return queryset
@@ -104,7 +116,7 @@ class ResolutionFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if value == "unresolved":
-            return queryset.filter(dead_lettered_at__isnull=False, resolution="")
+            return _notifications(queryset).unresolved_dead_letters()
         if value in NotificationEntity.Resolution.values and value:
             return queryset.filter(resolution=value)
         return queryset
