@@ -301,8 +301,11 @@ class Sink:
     def reset(self) -> None:
         self._get("/reset")
 
-    def arrivals(self) -> list[float]:
-        return sorted(self._get("/stats"))
+    def stats(self) -> dict[str, Any]:
+        """Arrival times (sorted) since the last reset, and the receiver's measured answer time."""
+        stats: dict[str, Any] = self._get("/stats")
+        stats["arrivals"] = sorted(stats["arrivals"])
+        return stats
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -330,18 +333,23 @@ def http_drain(sink: Sink, rows: int, *, max_concurrency: int, rate: float | Non
     )
     add_rows([cid], rows)
     sink.reset()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     stats = worker_drain(rows)
     elapsed = time.perf_counter() - started
-    arrivals = sink.arrivals()
+    cpu = time.process_time() - cpu_started
+    received = sink.stats()
+    arrivals = received["arrivals"]
     if stats["sent"] != rows:
         raise RuntimeError(f"webhook drain sent {stats['sent']} of {rows}: {stats}")
     span = (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else elapsed
     return {
         "rows_per_s": rows / elapsed,
+        "cpu_ms_per_row": cpu * 1000 / rows,
+        "cpu_share": cpu / elapsed,
         "send_rate": (len(arrivals) - 1) / span if span else 0.0,
         "max_per_1s_window": max_in_window(arrivals),
         "requests": len(arrivals),
+        "answer_ms_mean": received["answer_ms_mean"],
     }
 
 
@@ -550,7 +558,9 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = result["rows_per_s"] / bound
                 print(
                     f"max_concurrency {conc:>3}: {result['rows_per_s']:>7,.0f} rows/s; bound "
-                    f"min({conc}/20 ms, no limit) = {bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%)"
+                    f"min({conc}/20 ms, no limit) = {bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%); "
+                    f"receiver answered in {result['answer_ms_mean']:.1f} ms on average; "
+                    f"worker CPU {result['cpu_ms_per_row']:.2f} ms/row, {result['cpu_share']:.0%} of a core"
                 )
                 if ratio < 0.8:
                     failed_targets.append(f"latency c={conc}")

@@ -6,6 +6,7 @@ with an injected clock.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import os
@@ -48,7 +49,9 @@ from .locks import AdvisoryLock
 from .logging import redact
 from .models import ChannelConfig, NotificationEntity, WorkerHeartbeat
 from .providers import OutgoingMessage, Provider, get_provider_class
+from .providers.base import SendResult
 from .retry import BackoffPolicy, next_attempt_at
+from .send_loop import SendLoop
 from .signals import terminal_failure
 
 log = structlog.get_logger("notifications_retry.worker")
@@ -59,8 +62,6 @@ RATE_HORIZON_SECONDS = 0.25
 ABANDON_GRACE_SECONDS = 1.0
 #: Rounds of max_concurrency records a non-inline channel keeps claimed behind its calls in flight.
 QUEUE_ROUNDS = 3
-#: How often the loop looks for calls to abandon (a scan of everything in flight).
-HUNG_CHECK_SECONDS = 0.1
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
 LOCK_CHECK_SECONDS = 0.5
@@ -158,11 +159,11 @@ class ChannelRuntime:
 
 
 class _InFlight:
-    """Calls in flight, shared by the loop and the sender threads.
+    """Calls in flight, shared by the worker's thread and the send loop's.
 
-    One lock guards it and every pop from a channel's queue: a sender thread that finishes a call
-    starts the channel's next queued record itself, so a slot never waits for the loop's thread
-    while that thread is busy claiming or finalizing.
+    One lock guards it and every pop from a channel's queue: a send that finishes starts the
+    channel's next queued record itself, so a slot never waits for the worker's thread while that
+    thread is busy claiming or finalizing.
     """
 
     def __init__(self) -> None:
@@ -245,10 +246,13 @@ class Worker:
         self._runtimes: dict[int, ChannelRuntime] = {}
         self._fingerprints: dict[int, tuple[Any, ...]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._send_loop: SendLoop | None = None
         self._flight = _InFlight()
         # The running tick's id and trace context, for record spans started in pool threads.
         self._run_id: str | None = None
         self._trace_parent: Any = None
+        # Whether record spans are built, decided once a tick (asking costs an environment lookup).
+        self._tracing = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -293,12 +297,15 @@ class Worker:
         return ticks
 
     def close(self) -> None:
-        """Release the lock, the providers' connections and the thread pool."""
+        """Release the lock, the providers' connections, the send loop and the thread pool."""
         self.lock.close()
         for runtime in self._runtimes.values():
             runtime.provider.close()
         self._runtimes.clear()
         self._fingerprints.clear()
+        if self._send_loop is not None:
+            self._send_loop.close()
+            self._send_loop = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -329,6 +336,7 @@ class Worker:
                     "notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane
                 ) as span:
                     self._run_id, self._trace_parent = stats.run_id, tracing.current_context()
+                    self._tracing = tracing.enabled()
                     self._cycle(stats, started, bound)
                     tracing.set_attributes(
                         span,
@@ -360,7 +368,6 @@ class Worker:
         results: list[Outcome] = []
         claiming = True
         flush_at = max(1, min(self.conf.CLAIM_CHUNK_SIZE, self.batch_size))
-        hung_checked_at = time.monotonic()
         lock_checked_at, lock_ok = -LOCK_CHECK_SECONDS, False
 
         while True:
@@ -389,18 +396,11 @@ class Worker:
                         self._claim(plan, remaining, runtimes, stats, results, bound)
                         remaining = self.batch_size - stats.claims
             self._dispatch(runtimes, results, bound)
-            # Collect finished calls; abandon any that outlived their timeout.
-            if flight.calls:
-                for rt, outcome in self._completed(flight.done, self._wait_time(runtimes)):
-                    results.append(outcome)
-                    self._account(rt, outcome, results, bound)
-                if time.monotonic() - hung_checked_at >= HUNG_CHECK_SECONDS:
-                    hung_checked_at = time.monotonic()
-                    self._abandon_hung(results, bound)
-            else:
-                for rt, outcome in self._completed(flight.done, 0):
-                    results.append(outcome)
-                    self._account(rt, outcome, results, bound)
+            # Collect finished calls (a hung one is reported as a timeout by its own task).
+            wait = self._wait_time(runtimes) if flight.calls else 0
+            for rt, outcome in self._completed(flight.done, wait):
+                results.append(outcome)
+                self._account(rt, outcome, results, bound)
             with flight.lock:
                 queued = any(rt.queue for rt in runtimes.values())
                 idle = not flight.calls and flight.done.empty() and not queued
@@ -417,19 +417,22 @@ class Worker:
                 time.sleep(min(0.05, self._wait_time(runtimes)))
 
     def _dispatch(self, runtimes: dict[int, ChannelRuntime], results: list[Outcome], bound: Any) -> None:
-        """Start what may start now: inline providers run right here, others on the thread pool."""
+        """Start what may start now: inline providers run right here, others on the send loop."""
         flight = self._flight
         for rt in runtimes.values():
             if rt.inline:
                 while rt.queue and rt.can_start(time.monotonic()):
                     results.append(self._send_inline(rt, rt.queue.popleft(), results, bound))
                 continue
+            started: list[ClaimedRecord] = []
             with flight.lock:
                 while rt.queue and rt.can_start(time.monotonic()):
                     record = rt.queue.popleft()
                     flight.start(rt, record)
                     rt.inflight += 1
-                    self._executor().submit(self._send_chain, rt, record)
+                    started.append(record)
+            if started:
+                self._loop().spawn(self._slot(rt, record) for record in started)
 
     def _send_inline(
         self, rt: ChannelRuntime, record: ClaimedRecord, results: list[Outcome], bound: Any
@@ -440,16 +443,15 @@ class Worker:
         self._account(rt, outcome, results, bound)
         return outcome
 
-    def _send_chain(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
-        """Send on a pool thread, then keep the slot busy with the channel's next queued record."""
+    async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
+        """One concurrency slot of a channel: send, then keep it busy with the next queued record."""
         flight = self._flight
         while True:
-            outcome = self._send(rt, record)
+            outcome = await self._send_async(rt, record)
             with flight.lock:
-                if flight.calls.pop(record.id, None) is None:
-                    return  # abandoned as hung: the loop reported it and freed the slot
+                flight.calls.pop(record.id, None)
                 flight.done.put((rt, outcome))
-                # Chain only after a success: a failure goes through the loop's flow control first
+                # Chain only after a success: a failure goes through the worker's flow control first
                 # (throttling pauses the channel, the circuit breaker may open).
                 if (
                     outcome.result == SENT
@@ -545,9 +547,11 @@ class Worker:
         released = release(queued)
         bound.info("records-released", count=released, reason="stop requested before they were sent")
 
-    def _send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
-        """Send one record in its own span, parented to the tick's span even from a pool thread."""
-        with tracing.span(
+    def _record_span(self, rt: ChannelRuntime, record: ClaimedRecord) -> Any:
+        """A record's span, parented to the tick's span even from the send loop's thread."""
+        if not self._tracing:
+            return tracing.NO_SPAN
+        return tracing.span(
             "notifications_retry.record",
             parent=self._trace_parent,
             **{
@@ -558,20 +562,37 @@ class Worker:
                 "tenant.id": record.tenant_id,
                 "correlation_id": record.correlation_id or None,
             },
-        ) as span:
-            outcome = self._call(rt, record)
-            tracing.set_attributes(
-                span,
-                **{
-                    "notification.outcome": outcome.result,
-                    "notification.error_kind": outcome.error_kind or None,
-                },
-            )
+        )
+
+    def _provider_span(self, rt: ChannelRuntime, record: ClaimedRecord) -> Any:
+        if not self._tracing:
+            return tracing.NO_SPAN
+        return tracing.span(
+            "notifications_retry.provider.send",
+            **{
+                "notification.id": str(record.id),
+                "notification.channel": rt.config.key,
+                "notification.attempt": record.attempts,
+                "correlation_id": record.correlation_id or None,
+                "provider.key": rt.config.provider_key,
+                "job_run_id": self._run_id,
+            },
+        )
+
+    @staticmethod
+    def _end_span(span: Any, outcome: Outcome) -> Outcome:
+        if span is None:
+            return outcome
+        tracing.set_attributes(
+            span,
+            **{"notification.outcome": outcome.result, "notification.error_kind": outcome.error_kind or None},
+        )
         return outcome
 
-    def _call(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
-        """Call the provider (no transaction open) and classify what happened."""
-        started = time.monotonic()
+    def _message(
+        self, rt: ChannelRuntime, record: ClaimedRecord, started: float
+    ) -> OutgoingMessage | Outcome:
+        """What to send for ``record``, or its outcome when nothing can be sent."""
         if not isinstance(record.recipient, str) or not record.recipient.strip():
             # No provider can deliver to nobody: a permanent failure, without a call.
             return self._failure(
@@ -583,7 +604,7 @@ class Worker:
                 None,
                 started,
             )
-        message = OutgoingMessage(
+        return OutgoingMessage(
             notification_id=record.id,
             tenant_id=record.tenant_id,
             channel=rt.config.key,
@@ -593,31 +614,67 @@ class Worker:
             priority=record.priority,
             notification_type=record.notification_type,
         )
-        try:
-            with tracing.span(
-                "notifications_retry.provider.send",
-                **{
-                    "notification.id": str(record.id),
-                    "notification.channel": rt.config.key,
-                    "notification.attempt": record.attempts,
-                    "correlation_id": record.correlation_id or None,
-                    "provider.key": rt.config.provider_key,
-                    "job_run_id": self._run_id,
-                },
-            ):
-                result = rt.provider.send(message)
-            return Outcome(
-                record,
-                SENT,
-                provider_message_id=result.provider_message_id,
-                duration_ms=(time.monotonic() - started) * 1000,
-            )
-        except ProviderError as exc:
+
+    def _sent(self, record: ClaimedRecord, result: SendResult, started: float) -> Outcome:
+        return Outcome(
+            record,
+            SENT,
+            provider_message_id=result.provider_message_id,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+
+    def _raised(self, rt: ChannelRuntime, record: ClaimedRecord, exc: Exception, started: float) -> Outcome:
+        """Classify what a provider call raised (SPEC §5): its error's kind, else a retriable crash."""
+        if isinstance(exc, ProviderError):
             return self._failure(rt, record, exc.retriable, exc.kind, str(exc), exc.retry_after, started)
-        except Exception as exc:
-            return self._failure(
-                rt, record, True, "provider_crash", f"{type(exc).__name__}: {exc}", None, started
-            )
+        return self._failure(
+            rt, record, True, "provider_crash", f"{type(exc).__name__}: {exc}", None, started
+        )
+
+    def _send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        """Send one record on this thread (an inline provider), in its own span."""
+        started = time.monotonic()
+        with self._record_span(rt, record) as span:
+            message = self._message(rt, record, started)
+            if isinstance(message, Outcome):
+                return self._end_span(span, message)
+            try:
+                with self._provider_span(rt, record):
+                    result = rt.provider.send(message)
+            except Exception as exc:
+                return self._end_span(span, self._raised(rt, record, exc, started))
+            return self._end_span(span, self._sent(record, result, started))
+
+    async def _send_async(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        """Send one record on the send loop: awaited if the provider is asynchronous, else on a thread.
+
+        A call that outlives its channel's timeout (plus a grace period) is abandoned as a timeout;
+        a synchronous provider's thread is left to finish on its own.
+        """
+        started = time.monotonic()
+        with self._record_span(rt, record) as span:
+            message = self._message(rt, record, started)
+            if isinstance(message, Outcome):
+                return self._end_span(span, message)
+            limit = float(rt.config.timeout_seconds) + ABANDON_GRACE_SECONDS
+            try:
+                with self._provider_span(rt, record):
+                    async with asyncio.timeout(limit):
+                        if rt.provider.supports_async:
+                            result = await rt.provider.send_async(message)
+                        else:
+                            loop = asyncio.get_running_loop()
+                            result = await loop.run_in_executor(self._executor(), rt.provider.send, message)
+            except ProviderError as exc:
+                return self._end_span(span, self._raised(rt, record, exc, started))
+            except TimeoutError:
+                timeout = f"provider did not return within {rt.config.timeout_seconds:g}s"
+                return self._end_span(
+                    span, self._failure(rt, record, True, "timeout", timeout, None, started)
+                )
+            except Exception as exc:
+                return self._end_span(span, self._raised(rt, record, exc, started))
+            return self._end_span(span, self._sent(record, result, started))
 
     def _failure(
         self,
@@ -691,29 +748,6 @@ class Worker:
                 count=release(queued),
                 reason="circuit opened before they were sent",
             )
-
-    def _abandon_hung(self, results: list[Outcome], bound: Any) -> None:
-        """Report calls that outlived their channel's timeout as timeouts and free their slots."""
-        now_mono = time.monotonic()
-        hung: list[tuple[ClaimedRecord, ChannelRuntime, float]] = []
-        with self._flight.lock:
-            for record_id, (record, rt, started) in list(self._flight.calls.items()):
-                if now_mono - started > rt.config.timeout_seconds + ABANDON_GRACE_SECONDS:
-                    del self._flight.calls[record_id]
-                    rt.inflight -= 1
-                    hung.append((record, rt, started))
-        for record, rt, started in hung:
-            outcome = self._failure(
-                rt,
-                record,
-                True,
-                "timeout",
-                f"provider did not return within {rt.config.timeout_seconds:g}s",
-                None,
-                started,
-            )
-            results.append(outcome)
-            self._account(rt, outcome, results, bound)
 
     def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
         now_mono = time.monotonic()
@@ -840,6 +874,11 @@ class Worker:
             stats.channel_disabled += count
             metrics.CHANNEL_DISABLED.labels(config.key).inc(count)
             bound.warning("channel-disabled", channel=config.key, due_waiting=count, reason=reason)
+
+    def _loop(self) -> SendLoop:
+        if self._send_loop is None:
+            self._send_loop = SendLoop()
+        return self._send_loop
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:

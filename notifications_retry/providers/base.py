@@ -70,5 +70,19 @@ class Provider:
         """Deliver one message, idempotently by ``message.notification_id``."""
         raise NotImplementedError
 
+    async def send_async(self, message: OutgoingMessage) -> SendResult:
+        """Deliver one message without blocking the event loop it is awaited on.
+
+        Optional: a provider that overrides it is awaited on the worker's event loop, many sends at
+        once on one thread; otherwise the worker calls :meth:`send` on a thread of its pool. The
+        contract (result, errors, no transaction open) is :meth:`send`'s.
+        """
+        raise NotImplementedError
+
+    @property
+    def supports_async(self) -> bool:
+        """Whether this provider overrides :meth:`send_async`."""
+        return type(self).send_async is not Provider.send_async
+
     def close(self) -> None:
         """Release connections; called when the worker is done with the channel."""

@@ -6,25 +6,25 @@ import functools
 import hashlib
 import hmac
 import json
-import queue
 import ssl
-import threading
-import time
-import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-import httpcore
 import httpx
 
+from .. import __version__
 from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
+from .http_transport import ConnectionPool, TransportError, run_sync
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
 MAX_RESPONSE_BYTES = 64 * 1024
+USER_AGENT = f"notifications-retry/{__version__}"
+#: Headers the request framing owns: options cannot override them.
+RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -74,87 +74,10 @@ def _message_id(body: bytes) -> str | None:
     return None
 
 
-# The deadline of the request running on this thread; every socket operation waits at most until it.
-_deadline = threading.local()
-
-
-def _time_left(kind: type[Exception]) -> float:
-    deadline: float | None = getattr(_deadline, "at", None)
-    if deadline is None:
-        return float("inf")
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise kind("webhook request deadline passed")
-    return left
-
-
-def _bounded(timeout: float | None, kind: type[Exception]) -> float | None:
-    left = _time_left(kind)
-    if left == float("inf"):
-        return timeout
-    return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    """A socket stream whose reads and writes never wait past the request's deadline.
-
-    httpx's timeouts apply per socket operation: a server dripping its headers one byte a second
-    would hold a request forever. Bounding each operation by the time left bounds the request.
-    """
-
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
-        self.inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self.inner.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self.inner.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def start_tls(
-        self, ssl_context: typing.Any, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        inner = self.inner.start_tls(ssl_context, server_hostname, _bounded(timeout, httpcore.ConnectTimeout))
-        return _DeadlineStream(inner)
-
-    def get_extra_info(self, info: str) -> typing.Any:
-        return self.inner.get_extra_info(info)
-
-
-class _DeadlineBackend(httpcore.SyncBackend):
-    """httpcore's socket backend with every stream bounded by the thread's request deadline."""
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[typing.Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = super().connect_tcp(
-            host, port, _bounded(timeout, httpcore.ConnectTimeout), local_address, socket_options
-        )
-        return _DeadlineStream(stream)
-
-
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
     """One verifying TLS context for every client: building one loads the CA bundle (tens of ms)."""
     return httpx.create_ssl_context()
-
-
-def _connection_pool() -> httpcore.ConnectionPool:
-    """One keep-alive connection whose socket operations never outlive the request's deadline."""
-    return httpcore.ConnectionPool(
-        ssl_context=_ssl_context(),
-        max_connections=1,
-        max_keepalive_connections=1,
-        network_backend=_DeadlineBackend(),
-    )
 
 
 class WebhookProvider(Provider):
@@ -169,21 +92,9 @@ class WebhookProvider(Provider):
         self.extra_headers: dict[str, str] = dict(options.get("headers") or {})
         self.secret: str | None = options.get("secret")
         self.timeout = float(channel.timeout_seconds)
-        self._timeouts = {
-            "connect": self.timeout,
-            "read": self.timeout,
-            "write": self.timeout,
-            "pool": self.timeout,
-        }
-        # One single-connection pool per concurrent send, handed out LIFO (warm connections first):
-        # threads sharing one pool contend on its lock, which scans every idle connection per request;
-        # the channel still opens at most max_concurrency connections. The requests go through httpcore,
-        # httpx's own transport layer: httpx's client layer cost as much CPU again per request
-        # (0.66 vs 0.39 ms measured), and a latency-bound drain is CPU-bound in the worker.
-        self._pools: queue.LifoQueue[httpcore.ConnectionPool] = queue.LifoQueue()
-        self._all_pools = [_connection_pool() for _ in range(max(1, int(channel.max_concurrency)))]
-        for pool in self._all_pools:
-            self._pools.put(pool)
+        self.max_connections = max(1, int(channel.max_concurrency))
+        # Created on the first asynchronous send, on the loop that sends (the worker's).
+        self._pool: ConnectionPool | None = None
 
     @classmethod
     def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
@@ -196,11 +107,19 @@ class WebhookProvider(Provider):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             problems.append(f"webhook url must be an http(s) URL with a host, got {url!r}")
+        elif any(ord(c) <= 32 or ord(c) == 127 for c in url):
+            problems.append(f"webhook url must not contain spaces or control characters, got {url!r}")
         headers = options.get("headers", {})
         if not isinstance(headers, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             problems.append("webhook option 'headers' must map header names to strings")
+        else:
+            for name, value in headers.items():
+                if not name or any(c in name + value for c in "\r\n\0") or ":" in name:
+                    problems.append(f"webhook header {name!r} has a character HTTP does not allow")
+                elif name.lower() in RESERVED_HEADERS:
+                    problems.append(f"webhook header {name!r} is set by the provider itself")
         if "secret" in options and not isinstance(options["secret"], str):
             problems.append("webhook option 'secret' must be a string")
         return problems
@@ -222,58 +141,58 @@ class WebhookProvider(Provider):
                 f"payload cannot be serialized: {exc}", kind="serialization"
             ) from exc
 
-    def send(self, message: OutgoingMessage) -> SendResult:
+    def _request(self, message: OutgoingMessage) -> tuple[list[tuple[str, str]], bytes]:
         body = self.body(message)
         headers = {
             **self.extra_headers,
             "Content-Type": "application/json",
-            "Content-Length": str(len(body)),
             "Idempotency-Key": str(message.notification_id),
         }
         if self.secret:
             digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
             headers["X-Signature"] = f"sha256={digest}"
-        deadline = time.monotonic() + self.timeout
+        return list(headers.items()), body
+
+    def _new_pool(self, max_connections: int) -> ConnectionPool:
+        return ConnectionPool(
+            self.url,
+            max_connections=max_connections,
+            max_body=MAX_RESPONSE_BYTES,
+            ssl_context=_ssl_context,
+            user_agent=USER_AGENT,
+        )
+
+    async def _post(self, pool: ConnectionPool, message: OutgoingMessage) -> SendResult:
+        headers, body = self._request(message)
         try:
-            # The worker never runs more sends of a channel at once than it has connections; wait if
-            # a caller outside the worker does.
-            pool = self._pools.get(timeout=self.timeout)
-        except queue.Empty:
-            raise RetryableProviderError(
-                "no free webhook connection within the timeout", kind="timeout"
-            ) from None
-        _deadline.at = deadline
-        try:
-            with pool.stream(
-                "POST",
-                self.url,
-                headers=list(headers.items()),
-                content=body,
-                extensions={"timeout": self._timeouts},
-            ) as response:
-                received = bytearray()
-                # Per-read timeouts do not bound a server that drips bytes: check the whole deadline too.
-                for chunk in response.iter_stream():
-                    if time.monotonic() > deadline:
-                        raise RetryableProviderError(
-                            f"webhook answer took longer than {self.timeout:g}s", kind="timeout"
-                        )
-                    if len(received) < MAX_RESPONSE_BYTES:
-                        received.extend(chunk[: MAX_RESPONSE_BYTES - len(received)])
-                answer_headers = {
-                    k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers
-                }
-                return classify_response(response.status, answer_headers, bytes(received))
-        except httpcore.TimeoutException as exc:
-            raise RetryableProviderError(f"webhook timed out: {exc!r}", kind="timeout") from exc
-        except httpcore.ConnectError as exc:
-            raise RetryableProviderError(f"webhook connection failed: {exc!r}", kind="connection") from exc
-        except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
-            raise RetryableProviderError(f"webhook transport error: {exc!r}", kind="transport") from exc
-        finally:
-            _deadline.at = None
-            self._pools.put(pool)
+            response = await pool.request("POST", headers, body, timeout=self.timeout)
+        except TransportError as exc:
+            raise RetryableProviderError(f"webhook {exc.kind} failure: {exc}", kind=exc.kind) from exc
+        except ValueError as exc:  # a header the URL or options cannot carry
+            raise PermanentProviderError(
+                f"webhook request is invalid: {exc}", kind="invalid_request"
+            ) from exc
+        return classify_response(response.status, response.headers, response.body)
+
+    async def send_async(self, message: OutgoingMessage) -> SendResult:
+        """POST on the running loop over kept-alive connections (at most ``max_concurrency``)."""
+        if self._pool is None:
+            self._pool = self._new_pool(self.max_connections)
+        return await self._post(self._pool, message)
+
+    def send(self, message: OutgoingMessage) -> SendResult:
+        """POST from synchronous code, on a connection of its own (the worker sends asynchronously)."""
+        pool = self._new_pool(1)
+
+        async def once() -> SendResult:
+            try:
+                return await self._post(pool, message)
+            finally:
+                pool.close()
+
+        return run_sync(once())
 
     def close(self) -> None:
-        for pool in self._all_pools:
-            pool.close()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -42,6 +42,10 @@ Responder = Callable[[RecordedRequest], Reply]
 class _QuietServer(ThreadingHTTPServer):
     """A client that goes away (a killed worker, an abandoned call) is expected, not an error to print."""
 
+    # socketserver's default backlog is 5: a worker opening max_concurrency connections at once would
+    # see the rest of its SYNs dropped and retried a second later, longer than the tests' timeouts.
+    request_queue_size = 128
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
