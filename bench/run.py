@@ -451,7 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="Rounds per drain variant; medians reported.")
     parser.add_argument("--procrastinate-jobs", type=int, default=3000)
     parser.add_argument("--procrastinate-concurrency", type=int, default=10)
-    parser.add_argument("--latency-rows", type=int, default=3000)
+    parser.add_argument(
+        "--latency-rows",
+        type=int,
+        default=None,
+        help="rows per latency-bound drain (default: 300 per unit of max_concurrency, at least 3,000: "
+        "about 6 s of sending, so a tick's start and end weigh little)",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -548,16 +554,14 @@ def main(argv: list[str] | None = None) -> int:
             sink = Sink(0.02)
         if "latency" in parts:
             assert sink is not None
-            print(
-                f"\n## Latency-bound drain: receiver answers in 20 ms over HTTP on 127.0.0.1, "
-                f"{args.latency_rows:,} rows"
-            )
+            print("\n## Latency-bound drain: receiver answers in 20 ms over HTTP on 127.0.0.1")
             for conc in args.concurrency:
-                result = http_drain(sink, args.latency_rows, max_concurrency=conc, rate=None)
+                rows = args.latency_rows or max(3000, 300 * conc)
+                result = http_drain(sink, rows, max_concurrency=conc, rate=None)
                 bound = conc / 0.02
                 ratio = result["rows_per_s"] / bound
                 print(
-                    f"max_concurrency {conc:>3}: {result['rows_per_s']:>7,.0f} rows/s; bound "
+                    f"max_concurrency {conc:>3}, {rows:,} rows: {result['rows_per_s']:>7,.0f} rows/s; bound "
                     f"min({conc}/20 ms, no limit) = {bound:,.0f}/s; ratio {ratio:.0%} (target >= 80%); "
                     f"receiver answered in {result['answer_ms_mean']:.1f} ms on average; "
                     f"worker CPU {result['cpu_ms_per_row']:.2f} ms/row, {result['cpu_share']:.0%} of a core"
