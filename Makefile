@@ -31,6 +31,7 @@ soak: $(VENV)/.installed
 # local server; BENCH_ARGS="--scale --memory" adds the 5 M-row claim and the 1 M-row RSS parts (slow).
 bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
+	$(VENV)/bin/pip install -q -e '.[bench]'
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.run $(BENCH_ARGS)
 
 # The outbox side in one run (database nr_bench_relay): the outbox trigger's cost, relay events/s.

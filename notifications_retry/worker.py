@@ -403,7 +403,10 @@ class Worker:
             self._dispatch(runtimes, results, bound)
             # Collect finished calls (a hung one is reported as a timeout by its own task).
             wait = self._wait_time(runtimes) if flight.calls else 0
-            for rt, outcome in self._completed(flight.done, wait):
+            # Batch completions, unless a rate-limited channel waits to start its next send: a start
+            # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
+            pacing = any(rt.queue and rt.limiter.limited for rt in runtimes.values())
+            for rt, outcome in self._completed(flight.done, wait, 0 if pacing else COLLECT_DELAY_SECONDS):
                 results.append(outcome)
                 self._account(rt, outcome, results, bound)
             with flight.lock:
@@ -472,15 +475,15 @@ class Worker:
 
     @staticmethod
     def _completed(
-        done: queue.SimpleQueue[tuple[ChannelRuntime, Outcome]], timeout: float
+        done: queue.SimpleQueue[tuple[ChannelRuntime, Outcome]], timeout: float, batch_delay: float = 0.0
     ) -> list[tuple[ChannelRuntime, Outcome]]:
-        """Calls finished so far, waiting up to ``timeout`` for the first one."""
+        """Calls finished so far, waiting up to ``timeout`` for the first one, then ``batch_delay`` more."""
         try:
             finished = [done.get(timeout=timeout) if timeout > 0 else done.get_nowait()]
         except queue.Empty:
             return []
-        if timeout > 0:
-            time.sleep(COLLECT_DELAY_SECONDS)
+        if timeout > 0 and batch_delay > 0:
+            time.sleep(batch_delay)
         while True:
             try:
                 finished.append(done.get_nowait())
