@@ -173,14 +173,18 @@ class _InFlight:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.calls: dict[uuid.UUID, tuple[ClaimedRecord, ChannelRuntime, float]] = {}
+        self.running = 0  # calls started and not yet in ``done``
         self.done: queue.SimpleQueue[tuple[ChannelRuntime, Outcome]] = queue.SimpleQueue()
 
-    def start(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
-        """Register a call (the caller holds the lock and has checked ``rt.can_start``)."""
-        now_mono = time.monotonic()
-        rt.begin(now_mono)
-        self.calls[record.id] = (record, rt, now_mono)
+    def start(self, rt: ChannelRuntime) -> None:
+        """Count a call that starts (the caller holds the lock and has checked ``rt.can_start``)."""
+        rt.begin(time.monotonic())
+        self.running += 1
+
+    def finish(self, rt: ChannelRuntime, outcome: Outcome) -> None:
+        """Hand a finished call's outcome to the worker's thread (the caller holds the lock)."""
+        self.running -= 1
+        self.done.put((rt, outcome))
 
 
 def _circuit_changed(channel: str, old: str, new: str) -> None:
@@ -402,7 +406,7 @@ class Worker:
                         remaining = self.batch_size - stats.claims
             self._dispatch(runtimes, results, bound)
             # Collect finished calls (a hung one is reported as a timeout by its own task).
-            wait = self._wait_time(runtimes) if flight.calls else 0
+            wait = self._wait_time(runtimes) if flight.running else 0
             # Batch completions, unless a rate-limited channel waits to start its next send: a start
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
             pacing = any(rt.queue and rt.limiter.limited for rt in runtimes.values())
@@ -411,8 +415,8 @@ class Worker:
                 self._account(rt, outcome, results, bound)
             with flight.lock:
                 queued = any(rt.queue for rt in runtimes.values())
-                idle = not flight.calls and flight.done.empty() and not queued
-                calls = bool(flight.calls)
+                idle = not flight.running and flight.done.empty() and not queued
+                calls = bool(flight.running)
             if results and (len(results) >= flush_at or idle or not claiming):
                 self._finalize(results, stats, bound)
                 results = []
@@ -436,7 +440,7 @@ class Worker:
             with flight.lock:
                 while rt.queue and rt.can_start(time.monotonic()):
                     record = rt.queue.popleft()
-                    flight.start(rt, record)
+                    flight.start(rt)
                     rt.inflight += 1
                     started.append(record)
             if started:
@@ -457,8 +461,7 @@ class Worker:
         while True:
             outcome = await self._send_async(rt, record)
             with flight.lock:
-                flight.calls.pop(record.id, None)
-                flight.done.put((rt, outcome))
+                flight.finish(rt, outcome)
                 # Chain only after a success: a failure goes through the worker's flow control first
                 # (throttling pauses the channel, the circuit breaker may open).
                 if (
@@ -468,7 +471,7 @@ class Worker:
                     and rt.can_start(time.monotonic())
                 ):
                     record = rt.queue.popleft()
-                    flight.start(rt, record)
+                    flight.start(rt)
                     continue
                 rt.inflight -= 1
                 return
@@ -666,24 +669,22 @@ class Worker:
             message = self._message(rt, record, started)
             if isinstance(message, Outcome):
                 return self._end_span(span, message)
-            limit = float(rt.config.timeout_seconds) + ABANDON_GRACE_SECONDS
+            watchdog = asyncio.timeout(float(rt.config.timeout_seconds) + ABANDON_GRACE_SECONDS)
             try:
                 with self._provider_span(rt, record):
-                    async with asyncio.timeout(limit):
+                    async with watchdog:
                         if rt.provider.supports_async:
                             result = await rt.provider.send_async(message)
                         else:
                             loop = asyncio.get_running_loop()
                             result = await loop.run_in_executor(self._executor(), rt.provider.send, message)
-            except ProviderError as exc:
-                return self._end_span(span, self._raised(rt, record, exc, started))
-            except TimeoutError:
-                timeout = f"provider did not return within {rt.config.timeout_seconds:g}s"
-                return self._end_span(
-                    span, self._failure(rt, record, True, "timeout", timeout, None, started)
-                )
             except Exception as exc:
-                return self._end_span(span, self._raised(rt, record, exc, started))
+                if watchdog.expired():
+                    timeout = f"provider did not return within {rt.config.timeout_seconds:g}s"
+                    outcome = self._failure(rt, record, True, "timeout", timeout, None, started)
+                else:
+                    outcome = self._raised(rt, record, exc, started)
+                return self._end_span(span, outcome)
             return self._end_span(span, self._sent(record, result, started))
 
     def _failure(

@@ -30,6 +30,7 @@ __all__ = [
     "RequestTimeout",
     "Response",
     "TransportError",
+    "check_header",
     "run_sync",
 ]
 
@@ -82,7 +83,8 @@ class Response:
     body: bytes
 
 
-def _check_header(name: str, value: str) -> None:
+def check_header(name: str, value: str) -> None:
+    """Raise ValueError for a header HTTP/1.1 cannot carry as given."""
     # A CR or LF would let a configured header value start a header (or a request) of its own.
     if any(c in name for c in "\r\n\0:") or not name or any(c in value for c in "\r\n\0"):
         raise ValueError(f"invalid HTTP header {name!r}")
@@ -239,7 +241,7 @@ class ConnectionPool:
     ) -> Response:
         """Send one request and read its answer, all within ``timeout`` seconds."""
         for name, value in headers:
-            _check_header(name, value)
+            check_header(name, value)
         data = (
             self._head.format(method=method)
             + "".join(f"{name}: {value}\r\n" for name, value in headers)

@@ -18,7 +18,7 @@ import httpx
 from .. import __version__
 from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
-from .http_transport import ConnectionPool, TransportError, run_sync
+from .http_transport import ConnectionPool, TransportError, check_header, run_sync
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -116,9 +116,12 @@ class WebhookProvider(Provider):
             problems.append("webhook option 'headers' must map header names to strings")
         else:
             for name, value in headers.items():
-                if not name or any(c in name + value for c in "\r\n\0") or ":" in name:
+                try:
+                    check_header(name, value)
+                except ValueError:
                     problems.append(f"webhook header {name!r} has a character HTTP does not allow")
-                elif name.lower() in RESERVED_HEADERS:
+                    continue
+                if name.lower() in RESERVED_HEADERS:
                     problems.append(f"webhook header {name!r} is set by the provider itself")
         if "secret" in options and not isinstance(options["secret"], str):
             problems.append("webhook option 'secret' must be a string")
