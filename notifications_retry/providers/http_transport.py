@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import ssl
+import typing
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -113,8 +114,8 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's is not an asyncio.Transport subclass, hence no isinstance).
+        self.transport = typing.cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None or self._waiter.done():
@@ -215,7 +216,9 @@ class ConnectionPool:
         max_body: int,
         ssl_context: Callable[[], ssl.SSLContext],
         user_agent: str = "",
+        headers: Sequence[tuple[str, str]] = (),
     ) -> None:
+        """``headers`` go on every request: checked and formatted once, here."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL with a host: {url!r}")
@@ -228,10 +231,11 @@ class ConnectionPool:
         host_header = parts.netloc.rsplit("@", 1)[-1]
         if any(ord(c) <= 32 or ord(c) == 127 for c in target + host_header):
             raise ValueError(f"URL has spaces or control characters: {url!r}")
-        head = f"{{method}} {target} HTTP/1.1\r\nHost: {host_header}\r\n"
-        if user_agent:
-            head += f"User-Agent: {user_agent}\r\n"
-        self._head = head
+        fixed = [("Host", host_header), *([("User-Agent", user_agent)] if user_agent else []), *headers]
+        for name, value in fixed:
+            check_header(name, value)
+        # Everything after the method, up to the per-request headers.
+        self._head = f" {target} HTTP/1.1\r\n" + "".join(f"{name}: {value}\r\n" for name, value in fixed)
         self._idle: list[_Connection] = []  # LIFO: the warmest connection first
         self._limit = asyncio.Semaphore(max(1, max_connections))
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -243,7 +247,8 @@ class ConnectionPool:
         for name, value in headers:
             check_header(name, value)
         data = (
-            self._head.format(method=method)
+            method
+            + self._head
             + "".join(f"{name}: {value}\r\n" for name, value in headers)
             + f"Content-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1") + body

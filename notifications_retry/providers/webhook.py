@@ -145,25 +145,33 @@ class WebhookProvider(Provider):
             ) from exc
 
     def _request(self, message: OutgoingMessage) -> tuple[list[tuple[str, str]], bytes]:
+        """The body and the headers that change per message (the rest are the pool's)."""
         body = self.body(message)
-        headers = {
-            **self.extra_headers,
-            "Content-Type": "application/json",
-            "Idempotency-Key": str(message.notification_id),
-        }
+        headers = [("Idempotency-Key", str(message.notification_id))]
         if self.secret:
             digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
-            headers["X-Signature"] = f"sha256={digest}"
-        return list(headers.items()), body
+            headers.append(("X-Signature", f"sha256={digest}"))
+        return headers, body
 
     def _new_pool(self, max_connections: int) -> ConnectionPool:
-        return ConnectionPool(
-            self.url,
-            max_connections=max_connections,
-            max_body=MAX_RESPONSE_BYTES,
-            ssl_context=_ssl_context,
-            user_agent=USER_AGENT,
-        )
+        # The options' headers, minus those the provider sets per message, go on every request.
+        fixed = {**self.extra_headers, "Content-Type": "application/json"}
+        fixed.pop("Idempotency-Key", None)
+        if self.secret:
+            fixed.pop("X-Signature", None)
+        try:
+            return ConnectionPool(
+                self.url,
+                max_connections=max_connections,
+                max_body=MAX_RESPONSE_BYTES,
+                ssl_context=_ssl_context,
+                user_agent=USER_AGENT,
+                headers=list(fixed.items()),
+            )
+        except ValueError as exc:  # a URL or header the options should not have let through
+            raise PermanentProviderError(
+                f"webhook request is invalid: {exc}", kind="invalid_request"
+            ) from exc
 
     async def _post(self, pool: ConnectionPool, message: OutgoingMessage) -> SendResult:
         headers, body = self._request(message)
@@ -171,10 +179,6 @@ class WebhookProvider(Provider):
             response = await pool.request("POST", headers, body, timeout=self.timeout)
         except TransportError as exc:
             raise RetryableProviderError(f"webhook {exc.kind} failure: {exc}", kind=exc.kind) from exc
-        except ValueError as exc:  # a header the URL or options cannot carry
-            raise PermanentProviderError(
-                f"webhook request is invalid: {exc}", kind="invalid_request"
-            ) from exc
         return classify_response(response.status, response.headers, response.body)
 
     async def send_async(self, message: OutgoingMessage) -> SendResult:

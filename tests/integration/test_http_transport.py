@@ -276,6 +276,33 @@ def test_sync_send_works_where_a_loop_already_runs(webhook_server):
     assert results == ["msg-1"] and len(webhook_server.requests) == 1
 
 
+def test_fixed_headers_and_a_url_with_braces():
+    async def scenario() -> None:
+        async with RawServer(keep_alive()) as server:
+            pool = ConnectionPool(
+                server.url.replace("/hook", "/hook/{id}"),
+                max_connections=1,
+                max_body=100,
+                ssl_context=ssl.create_default_context,
+                headers=[("X-Fixed", "f")],
+            )
+            await pool.request("POST", [("X-Each", "e")], b"{}", timeout=5)
+            (request,) = server.requests
+            assert request.startswith(b"POST /hook/{id}?x=1 HTTP/1.1\r\n")
+            assert b"\r\nX-Fixed: f\r\nX-Each: e\r\nContent-Length: 2\r\n\r\n{}" in request
+            pool.close()
+
+    run(scenario())
+    with pytest.raises(ValueError, match="invalid HTTP header"):
+        ConnectionPool(
+            "http://h/",
+            max_connections=1,
+            max_body=1,
+            ssl_context=ssl.create_default_context,
+            headers=[("X", "a\r\nb")],
+        )
+
+
 def test_url_with_control_characters_is_refused():
     with pytest.raises(ValueError, match="control characters"):
         pool_for("http://127.0.0.1:9/a b")
