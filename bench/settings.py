@@ -1,11 +1,13 @@
 """Settings for ``make bench``: the local server from DATABASE_URL, a dedicated benchmark database.
 
 Logging is configured as a production deployment would (structlog JSON, INFO for the app) but
-written to /dev/null, so the per-record log events cost what they cost in production.
+written to /dev/null, so the per-record log events cost what they cost in production: through the
+stdlib ``logging`` module, or written by structlog itself (:func:`configure_logging`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import dj_database_url
@@ -41,12 +43,41 @@ _shared = [
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
 ]
-structlog.configure(
-    processors=[*_shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-    logger_factory=structlog.stdlib.LoggerFactory(),
-    wrapper_class=structlog.stdlib.BoundLogger,
-    cache_logger_on_first_use=True,
-)
+LOG_LEVEL = os.environ.get("NR_BENCH_LOG_LEVEL", "INFO")
+
+
+def configure_logging(pipeline: str) -> None:
+    """Route structlog events through the stdlib ``logging`` module, or write them directly.
+
+    ``stdlib``: the example project's configuration (ProcessorFormatter, JSON, a FileHandler).
+    ``native``: what docs/observability.md recommends for ``retry_worker`` processes: structlog's
+    filtering bound logger writing JSON lines itself. Loggers are not cached, so the benchmark can
+    switch between drains (the worker binds its logger once a tick).
+    """
+    if pipeline == "stdlib":
+        structlog.configure(
+            processors=[*_shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.stdlib.BoundLogger,
+            cache_logger_on_first_use=False,
+        )
+    elif pipeline == "native":
+        structlog.configure(
+            processors=[
+                structlog.contextvars.merge_contextvars,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(),
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, LOG_LEVEL)),
+            logger_factory=structlog.WriteLoggerFactory(file=open(os.devnull, "w")),  # noqa: SIM115
+            cache_logger_on_first_use=False,
+        )
+    else:
+        raise ValueError(f"unknown logging pipeline {pipeline!r} (stdlib or native)")
+
+
+configure_logging("stdlib")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -63,6 +94,6 @@ LOGGING = {
     "handlers": {"null": {"class": "logging.FileHandler", "filename": os.devnull, "formatter": "json"}},
     "root": {"handlers": ["null"], "level": "WARNING"},
     "loggers": {
-        "notifications_retry": {"level": os.environ.get("NR_BENCH_LOG_LEVEL", "INFO"), "propagate": True},
+        "notifications_retry": {"level": LOG_LEVEL, "propagate": True},
     },
 }

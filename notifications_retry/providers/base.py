@@ -55,6 +55,11 @@ class Provider:
     #: and a rollback of that transaction must undo everything they did. An instance may decide for
     #: itself (the stub is inline unless told to wait).
     inline: bool = False
+    #: True only when :meth:`send_async` itself gives up once the channel's ``timeout_seconds`` have
+    #: passed, whatever the other side does (the webhook's requests carry that deadline). The worker
+    #: then sets no watchdog timer of its own on the call; otherwise it abandons a call that outlives
+    #: the timeout by a second.
+    enforces_timeout: bool = False
 
     def __init__(self, channel: ChannelSettings) -> None:
         self.channel = channel

@@ -84,6 +84,7 @@ class WebhookProvider(Provider):
     """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` (HMAC signature)."""
 
     key: ClassVar[str] = "webhook"
+    enforces_timeout = True  # one deadline over each whole request (http_transport)
 
     def __init__(self, channel: ChannelSettings) -> None:
         super().__init__(channel)

@@ -336,3 +336,43 @@ def test_redact_cuts_out_known_values_patterns_cannot_see():
     assert nr_logging.redact(text, "devtokABCDEF0123456", {"body": "Your code is 991", "greeting": "Hi"}) == (
         "push token devt***(19) rejected while rendering '***' (Hi)"
     )
+
+
+@override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": {"canary": f"{__name__}.CanaryProvider"}})
+def test_worker_process_configuration_writing_events_directly_masks_too(clock):
+    """docs/observability.md's configuration for retry_worker processes: structlog writes the lines."""
+    stream = io.StringIO()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *nr_logging.processors(),
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.WriteLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        channel = ChannelFactory(key="email", provider_key="canary", max_attempts=5)
+        row = NotificationFactory(
+            channel=channel,
+            recipient=CANARY_EMAIL,
+            payload={"subject": CANARY_SUBJECT, "body": CANARY_BODY, "mode": "crash"},
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=5),
+        )
+        worker = Worker(clock=clock, rng=random.Random(3))
+        assert worker.tick().retried == 1
+        worker.close()
+    finally:
+        structlog.reset_defaults()
+    text = stream.getvalue()
+    leaked = [canary for canary in FORBIDDEN if canary in text]
+    assert not leaked, f"log output leaks {leaked}:\n{text}"
+    events = _events(stream)
+    retried = next(e for e in events if e["event"] == "item-retried")
+    subset(retried, notification_id=str(row.id), channel="email", level="info", error_kind="provider_crash")
+    assert any(e["event"] == "provider-crashed" and "exception" in e for e in events)
