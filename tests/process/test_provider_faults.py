@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
-import math
 import random
 import time
 import uuid
@@ -171,8 +171,15 @@ def test_429_storm_waits_for_retry_after_then_keeps_to_the_rate_limit(settings):
     for t in throttled:
         early = [u for u in times if t < u < t + retry_after - 0.05]
         assert not early, f"{len(early)} request(s) within Retry-After of a 429"
-    after = [u for u in times if u - times[0] >= storm]
-    assert after
-    for t in after:
-        assert sum(1 for u in after if t <= u < t + 0.98) <= math.ceil(rate)
+    after = sorted(u for u in times if u - times[0] >= storm)
+    assert len(after) >= 20
+    # The limiter spaces starts exactly 1/rate apart, so at 5/s a 1-second window has no room for
+    # the jitter of timing arrivals in a server that shares this process (a 20 ms shift shows a
+    # sixth request); a 4-second window holds the same 5 % bound with room for it. The 1-second
+    # window is asserted at 40/s, where 5 % is two requests, in the integration suite.
+    window = 4.0
+    for i, t in enumerate(after):
+        assert bisect.bisect_left(after, t + window, lo=i) - i <= rate * window * 1.05
+    # Limited, not merely slow: the post-storm sends took about one interval each.
+    assert after[-1] - after[0] >= (len(after) - 1) / rate * 0.95
     assert NotificationEntity.objects.filter(status=Status.SENT).count() == 25
