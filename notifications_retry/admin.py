@@ -1072,7 +1072,14 @@ class DeadLetterActionAdmin(ReadOnlyMixin, AuditAdminBase):
 
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(ReadOnlyMixin, HeartbeatAdminBase):
-    list_display = ("lane", "hostname", "pid", "last_tick_started_at", "last_tick_completed_at")
+    list_display = (
+        "lane",
+        "hostname",
+        "pid",
+        "last_tick_started_at",
+        "last_tick_completed_at",
+        "active_until",
+    )
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}

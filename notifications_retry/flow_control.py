@@ -18,8 +18,13 @@ class RateLimiter:
     """
 
     def __init__(self, rate_per_second: float | None) -> None:
-        self.interval = 1.0 / rate_per_second if rate_per_second else 0.0
+        self.interval = 0.0
         self.next_at = 0.0
+        self.set_rate(rate_per_second)
+
+    def set_rate(self, rate_per_second: float | None) -> None:
+        """Change the rate (``None``: no limit); a start already booked keeps its time."""
+        self.interval = 1.0 / rate_per_second if rate_per_second else 0.0
 
     @property
     def limited(self) -> bool:

@@ -14,11 +14,10 @@ from django.db import DatabaseError
 
 from .clock import Clock, default_clock
 from .conf import get_settings
+from .lane_shares import DEFAULT_LANE
 from .models import WorkerHeartbeat
 
 __all__ = ["Liveness", "check_liveness"]
-
-DEFAULT_LANE = "default"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -482,6 +482,9 @@ class WorkerHeartbeat(models.Model):
     last_tick_started_at = models.DateTimeField(null=True, blank=True)
     last_tick_completed_at = models.DateTimeField(null=True, blank=True)
     last_tick_stats = models.JSONField(default=dict, blank=True)
+    # Database time until which this lane's owner may be sending: the lanes active now split the
+    # limits of every channel they can all serve (see lane_shares).
+    active_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.lane} @ {self.last_tick_completed_at}"

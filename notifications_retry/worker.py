@@ -28,7 +28,7 @@ import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.db.models import Count
 
-from . import metrics, tracing
+from . import lane_shares, metrics, tracing
 from .clock import Clock, default_clock
 from .conf import RetrySettings, get_settings
 from .delivery import (
@@ -70,7 +70,7 @@ COLLECT_DELAY_SECONDS = 0.002
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
 LOCK_CHECK_SECONDS = 0.5
-DEFAULT_LANE = "default"
+DEFAULT_LANE = lane_shares.DEFAULT_LANE
 
 
 @dataclasses.dataclass
@@ -110,6 +110,10 @@ class ChannelRuntime:
             on_change=functools.partial(_circuit_changed, config.key),
         )
         self.paused_until = 0.0
+        # Lanes sending on this channel now, this one included: they split its limits evenly.
+        self.share = 1
+        # A joining lane holds back until the lanes already sending have scaled down.
+        self.joining_until = 0.0
         self.inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
         self.exhausted = False
@@ -124,6 +128,30 @@ class ChannelRuntime:
     def inline(self) -> bool:
         return bool(self.provider.inline)
 
+    @property
+    def max_concurrency(self) -> int:
+        """This lane's part of the channel's concurrency (at least one call)."""
+        return max(1, self.config.max_concurrency // self.share)
+
+    @property
+    def rate_limit(self) -> float | None:
+        """This lane's part of the channel's rate limit, sends per second (``None``: no limit)."""
+        rate = self.config.rate_limit_per_second
+        return float(rate) / self.share if rate else None
+
+    @property
+    def limits_shared(self) -> bool:
+        """Whether lanes sending together could exceed a limit of this channel."""
+        return bool(self.config.rate_limit_per_second) or self.config.max_concurrency > 1
+
+    def set_share(self, share: int) -> bool:
+        """Split the channel's limits among ``share`` lanes; True when the split changed."""
+        if share == self.share:
+            return False
+        self.share = share
+        self.limiter.set_rate(self.rate_limit)
+        return True
+
     def lease_seconds(self, conf: RetrySettings) -> float:
         """Long enough for the queue ahead of a record and its own call, plus a grace period."""
         timeout = float(self.config.timeout_seconds)
@@ -132,14 +160,14 @@ class ChannelRuntime:
 
     def capacity(self, now_mono: float, conf: RetrySettings) -> int:
         """How many more records to claim for this channel now (0: none)."""
-        if self.exhausted or now_mono < self.paused_until:
+        if self.exhausted or now_mono < self.paused_until or now_mono < self.joining_until:
             return 0
         if self.inline:
             wanted = conf.CLAIM_CHUNK_SIZE - len(self.queue)
         else:
             # Keep rounds queued behind the calls in flight, so slots never wait for a claim and
             # claims come in chunks of at least a round.
-            wanted = (QUEUE_ROUNDS + 1) * self.config.max_concurrency - self.inflight - len(self.queue)
+            wanted = (QUEUE_ROUNDS + 1) * self.max_concurrency - self.inflight - len(self.queue)
         wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
         depth = wanted + len(self.queue)
         if self.limiter.limited:
@@ -158,9 +186,9 @@ class ChannelRuntime:
         self.breaker.started()
 
     def can_start(self, now_mono: float) -> bool:
-        if now_mono < self.paused_until or not self.limiter.ready(now_mono):
+        if now_mono < max(self.paused_until, self.joining_until) or not self.limiter.ready(now_mono):
             return False
-        return self.inline or self.inflight < self.config.max_concurrency
+        return self.inline or self.inflight < self.max_concurrency
 
 
 class _InFlight:
@@ -262,6 +290,9 @@ class Worker:
         self._trace_parent: Any = None
         # Whether record spans are built, decided once a tick (asking costs an environment lookup).
         self._tracing = False
+        # Looping (run without once): the lane stays announced between ticks, see lane_shares.
+        self._looping = False
+        self._announced = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -286,6 +317,7 @@ class Worker:
     def run(self, once: bool = False) -> list[TickStats]:
         """Tick once, or every ``interval`` seconds until stopped; returns the ticks' stats."""
         ticks: list[TickStats] = []
+        self._looping = not once
         try:
             while True:
                 started = time.monotonic()
@@ -302,6 +334,8 @@ class Worker:
                 if len(ticks) > 1000:
                     ticks = ticks[-1000:]
         finally:
+            self._looping = False
+            self._leave_shares()
             self.close()
         return ticks
 
@@ -341,12 +375,13 @@ class Worker:
                     "retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration
                 )
                 self._heartbeat(started_at=self.clock.now())
+                joining = self._announce()
                 with tracing.span(
                     "notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane
                 ) as span:
                     self._run_id, self._trace_parent = stats.run_id, tracing.current_context()
                     self._tracing = tracing.enabled()
-                    self._cycle(stats, started, bound)
+                    self._cycle(stats, started, bound, joining)
                     tracing.set_attributes(
                         span,
                         processed=stats.processed,
@@ -369,8 +404,10 @@ class Worker:
         self._after_tick(stats, bound)
         return stats
 
-    def _cycle(self, stats: TickStats, started: float, bound: Any) -> None:
+    def _cycle(self, stats: TickStats, started: float, bound: Any, joining: bool) -> None:
         runtimes = self._load_channels(stats, bound)
+        self._share_limits(runtimes, lane_shares.active_lanes(), joining, bound)
+        shares_read_at = time.monotonic()
         deadline = started + self.max_duration
         remaining = self.batch_size
         flight = self._flight
@@ -381,6 +418,9 @@ class Worker:
 
         while True:
             now_mono = time.monotonic()
+            if now_mono - shares_read_at >= lane_shares.REFRESH_SECONDS:
+                shares_read_at = now_mono
+                self._refresh_shares(runtimes, bound)
             if claiming and (self.stopping or now_mono >= deadline or remaining <= 0):
                 claiming = False
                 stats.stopped = self.stopping
@@ -423,8 +463,14 @@ class Worker:
             if idle:
                 if not claiming:
                     break
-                if not any(rt.capacity(time.monotonic(), self.conf) for rt in runtimes.values()):
-                    break  # every channel is exhausted, paused or open-circuited for now
+                now_mono = time.monotonic()
+                if not any(rt.capacity(now_mono, self.conf) for rt in runtimes.values()):
+                    # A join wait is short and part of this tick's work; a pause or an open circuit
+                    # is left to a later tick.
+                    joining = max((rt.joining_until for rt in runtimes.values()), default=0.0) - now_mono
+                    if joining <= 0:
+                        break  # every channel is exhausted, paused or open-circuited for now
+                    time.sleep(min(0.05, joining))
             elif not calls and queued:
                 time.sleep(min(0.05, self._wait_time(runtimes)))
 
@@ -910,6 +956,52 @@ class Worker:
             )
         return self._pool
 
+    # -- channel limits shared with other lanes ----------------------------------------------
+
+    def _announce(self, hold: float = lane_shares.ACTIVE_GRACE_SECONDS) -> bool:
+        joining = lane_shares.announce(self.lane, hold, socket.gethostname()[:255], os.getpid())
+        self._announced = True
+        return joining
+
+    def _share_limits(
+        self, runtimes: dict[int, ChannelRuntime], active: set[str], joining: bool, bound: Any
+    ) -> None:
+        """Give each channel this lane's part of its limits; hold back shared ones when joining."""
+        active = active | {self.lane}
+        now_mono = time.monotonic()
+        for rt in runtimes.values():
+            lanes = lane_shares.sharers(self.conf.LANES, active, rt.config.key)
+            wait = lane_shares.JOIN_WAIT_SECONDS if joining and lanes > 1 and rt.limits_shared else 0.0
+            if wait:
+                rt.joining_until = max(rt.joining_until, now_mono + wait)
+            if rt.set_share(lanes) or wait:
+                bound.info(
+                    "channel-limits-shared",
+                    channel=rt.config.key,
+                    lanes=lanes,
+                    max_concurrency=rt.max_concurrency,
+                    rate_limit_per_second=rt.rate_limit,
+                    join_wait_s=wait,
+                )
+
+    def _refresh_shares(self, runtimes: dict[int, ChannelRuntime], bound: Any) -> None:
+        try:
+            joining = self._announce()
+            self._share_limits(runtimes, lane_shares.active_lanes(), joining, bound)
+        except DatabaseError as exc:
+            # Keep the split in force; the next refresh (or tick) reads the board again.
+            bound.warning("lane-shares-refresh-failed", error=repr(exc))
+
+    def _leave_shares(self) -> None:
+        """Give this lane's share back; only an owner that announced it (a standby has nothing to give)."""
+        if not self._announced:
+            return
+        try:
+            lane_shares.leave(self.lane, socket.gethostname()[:255], os.getpid())
+            self._announced = False
+        except DatabaseError as exc:
+            log.warning("lane-shares-leave-failed", lane=self.lane, error=repr(exc))
+
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _heartbeat(
@@ -946,6 +1038,10 @@ class Worker:
                 oldest_due_age_seconds=current.oldest_due_age_seconds,
             )
             self._heartbeat(completed_at=now, tick_stats=stats.as_dict())
+            if self._looping:
+                self._announce(self.interval + lane_shares.ACTIVE_GRACE_SECONDS)
+            else:
+                self._leave_shares()
         except DatabaseError as exc:
             bound.warning("tick-bookkeeping-failed", error=repr(exc))
         bound.info(
