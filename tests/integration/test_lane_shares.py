@@ -19,7 +19,7 @@ from notifications_retry.models import NotificationEntity, WorkerHeartbeat
 from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer
-from tests.support.processes import WorkerProcess, worker_env
+from tests.support.processes import WorkerProcess, wait_until, worker_env
 
 Status = NotificationEntity.Status
 Priority = NotificationEntity.Priority
@@ -256,3 +256,41 @@ def test_two_lane_processes_on_one_channel_keep_to_its_rate_together(tmp_path):
     arrivals = sorted(r.received_at for r in server.requests)
     # Each lane alone would send at 40/s: together, without the split, 80/s.
     assert max_in_window(arrivals) <= rate * 1.05
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_looping_owner_stays_announced_between_ticks_and_leaves_when_it_stops():
+    interval = 5.0
+    worker = Worker(interval=interval)
+
+    def run() -> None:
+        from django.db import connections
+
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+
+        def announced_after_tick() -> bool:
+            beat = WorkerHeartbeat.objects.filter(lane="default").first()
+            return bool(beat and beat.last_tick_completed_at and beat.active_until)
+
+        wait_until(announced_after_tick, 10, message="first tick completed")
+        beat = WorkerHeartbeat.objects.get(lane="default")
+        # Between ticks the owner keeps its part: its next tick starts within the interval.
+        held = (beat.active_until - beat.last_tick_completed_at).total_seconds()
+        assert (
+            interval + lane_shares.ACTIVE_GRACE_SECONDS - 1
+            <= held
+            <= interval + lane_shares.ACTIVE_GRACE_SECONDS + 1
+        )
+        assert lane_shares.active_lanes() == {"default"}
+    finally:
+        worker.stop()
+        thread.join(15)
+    assert not thread.is_alive()
+    assert lane_shares.active_lanes() == set()
