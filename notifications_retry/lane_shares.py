@@ -3,31 +3,62 @@
 A channel's ``rate_limit_per_second`` and ``max_concurrency`` are the provider's limits, not a lane's:
 two lanes whose owners both send on one channel (an "urgent" lane of high-priority rows and the default
 lane, say) must not each use all of them, or the provider sees twice its limit and throttles both,
-urgent traffic included. Every owner announces itself in its lane's ``WorkerHeartbeat.active_until``
-(database time, so the owners' clocks never have to agree) and splits each channel's limits evenly
-among the active lanes that can serve that channel.
+urgent traffic included. Every owner announces itself on a board, its lane's ``WorkerHeartbeat`` row
+(``active_until`` on the database's clock, so the owners' clocks never have to agree, ``idle``,
+``share_token``, ``settled_seen``), and gives each channel an even part of its limits among the active
+lanes that can serve it.
 
-An owner that joins while others are active holds back its shared channels for ``JOIN_WAIT_SECONDS``:
-the others re-read the board every ``REFRESH_SECONDS`` during a tick (and at every tick's start), so
-by then they have scaled down and the sum never goes over the limit.
+Joining is acknowledged, not timed: an owner that joins while others are sending holds back its shared
+channels until each of those lanes is idle between ticks (it reads the board before it sends again) or
+has *settled* with it: its last read of the board saw the joiner's token, and its calls in flight fit
+the parts it took then (``settled_seen`` lists the tokens of that read, and is emptied by a read after
+which they do not fit). A token, not a time: a read's snapshot may miss an announcement made while it
+ran, whatever clock either side takes. Owners read the board every ``REFRESH_SECONDS`` during a tick.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+import dataclasses
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime
+from typing import Any, Protocol
 
-from django.db import connection
+from django.db import Error, connection, transaction
 
-from .models import WorkerHeartbeat
+from .models import NotificationEntity, WorkerHeartbeat
 
 DEFAULT_LANE = "default"
-#: How often a ticking owner re-reads which lanes are active, and extends its own announcement.
+#: How often a ticking owner reads the board and extends its announcement.
 REFRESH_SECONDS = 1.0
-#: How long a joining owner waits before sending on a channel it shares: one refresh and a margin.
-JOIN_WAIT_SECONDS = REFRESH_SECONDS + 0.5
+#: How often a joining owner reads the board while it waits for the others to settle.
+JOIN_POLL_SECONDS = 0.2
 #: How long an announcement outlives its last refresh: a stalled owner stays counted this long.
 ACTIVE_GRACE_SECONDS = 10.0
+
+
+class SharedChannel(Protocol):
+    """What the board needs of a channel's runtime state in the worker."""
+
+    inflight: int
+    held: bool
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def max_concurrency(self) -> int: ...
+
+    @property
+    def rate_limit(self) -> float | None: ...
+
+    @property
+    def limits_shared(self) -> bool: ...
+
+    @property
+    def over_limit(self) -> bool: ...
+
+    def set_share(self, share: int) -> bool: ...
 
 
 def lane_channels(lanes: Mapping[str, Mapping[str, Any]], lane: str) -> frozenset[str] | None:
@@ -39,48 +70,161 @@ def lane_channels(lanes: Mapping[str, Mapping[str, Any]], lane: str) -> frozense
     return frozenset(channels) if channels else None
 
 
+def covers(lanes: Mapping[str, Mapping[str, Any]], lane: str, channel_key: str) -> bool:
+    """Whether ``lane`` can send on ``channel_key``."""
+    keys = lane_channels(lanes, lane)
+    return keys is None or channel_key in keys
+
+
 def sharers(lanes: Mapping[str, Mapping[str, Any]], active: Collection[str], channel_key: str) -> int:
     """How many of the ``active`` lanes can send on ``channel_key`` (at least one: the caller's own)."""
-    count = 0
-    for lane in active:
-        keys = lane_channels(lanes, lane)
-        if keys is None or channel_key in keys:
-            count += 1
-    return max(1, count)
+    return max(1, sum(1 for lane in active if covers(lanes, lane, channel_key)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Announcement:
+    """An active lane on the board."""
+
+    lane: str
+    idle: bool
+    seen: frozenset[str]  # tokens its last settled read saw; empty when not settled
 
 
 def _table() -> str:
     return connection.ops.quote_name(WorkerHeartbeat._meta.db_table)
 
 
-def announce(lane: str, hold_seconds: float, hostname: str, pid: int) -> bool:
-    """Mark ``lane`` active for ``hold_seconds`` of database time; True when it was not active before
-    (it is joining, and the others may not know yet)."""
+def announce(
+    lane: str, token: str, hold_seconds: float, *, idle: bool = False, seen: Collection[str] | None = None
+) -> bool:
+    """Mark ``lane`` active for ``hold_seconds`` of database time; ``seen``, when given, replaces the
+    tokens of its last settled read. Returns whether the lane was not active before (it is joining)."""
     table = _table()
+    joined = None if seen is None else ",".join(sorted(seen))
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             WITH previous AS (SELECT active_until > clock_timestamp() AS was FROM {table} WHERE lane = %s)
-            INSERT INTO {table} AS hb (lane, hostname, pid, last_tick_stats, active_until)
-            VALUES (%s, %s, %s, '{{}}', clock_timestamp() + make_interval(secs => %s))
+            INSERT INTO {table} AS hb
+                (lane, hostname, pid, last_tick_stats, active_until, share_token, idle, settled_seen)
+            VALUES (%s, '', 0, '{{}}', clock_timestamp() + make_interval(secs => %s), %s, %s,
+                    COALESCE(%s, ''))
             ON CONFLICT (lane) DO UPDATE SET active_until = EXCLUDED.active_until,
-                hostname = EXCLUDED.hostname, pid = EXCLUDED.pid
+                share_token = EXCLUDED.share_token, idle = EXCLUDED.idle,
+                settled_seen = COALESCE(%s, hb.settled_seen)
             RETURNING (SELECT was FROM previous)
             """,
-            [lane, lane, hostname, pid, hold_seconds],
+            [lane, lane, hold_seconds, token, idle, joined, joined],
         )
-        row = cursor.fetchone()
-    return not (row and row[0])
+        (was,) = cursor.fetchone()
+    return not was
 
 
-def leave(lane: str, hostname: str, pid: int) -> None:
-    """Mark ``lane`` inactive now, unless another process announced it since: the others get its
-    share back at their next refresh."""
-    WorkerHeartbeat.objects.filter(lane=lane, hostname=hostname, pid=pid).update(active_until=None)
+def leave(lane: str, token: str) -> None:
+    """Take ``lane`` off the board, unless another process announced it since."""
+    WorkerHeartbeat.objects.filter(lane=lane, share_token=token).update(active_until=None)
 
 
-def active_lanes() -> set[str]:
-    """Lanes whose owner announced itself active until later than now."""
+def read_board() -> tuple[list[Announcement], set[str]]:
+    """The active lanes, and the tokens they were announced with."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT lane FROM {_table()} WHERE active_until > clock_timestamp()")
-        return {lane for (lane,) in cursor.fetchall()}
+        cursor.execute(
+            f"SELECT lane, idle, settled_seen, share_token FROM {_table()} "
+            "WHERE active_until > clock_timestamp()"
+        )
+        rows = cursor.fetchall()
+    board = [
+        Announcement(lane, idle, frozenset(filter(None, seen.split(",")))) for lane, idle, seen, _ in rows
+    ]
+    return board, {token for *_, token in rows}
+
+
+class LaneBoard:
+    """One owner's side of the board: its announcements and the parts of the limits it takes."""
+
+    def __init__(self, lane: str, lanes: Mapping[str, Mapping[str, Any]]) -> None:
+        self.lane = lane
+        self.lanes = lanes
+        # Not the pid: another instance of the lane (pid 1 in its own container) must never be
+        # mistaken for this one when leaving.
+        self.token = uuid.uuid4().hex
+        self.announced = False
+        self.joining = False  # until every lane sharing a channel with this one has settled with it
+        self.next_read = 0.0
+
+    def begin_tick(self, channels: Iterable[SharedChannel], now_mono: float, bound: Any) -> None:
+        """Announce the lane as sending, then take this tick's parts (holding back when joining)."""
+        # (A join not yet acknowledged when the last tick ended is still waited for.)
+        self.joining = announce(self.lane, self.token, ACTIVE_GRACE_SECONDS) or self.joining
+        self.announced = True
+        self._read(channels, now_mono, bound)
+
+    def refresh(self, channels: Iterable[SharedChannel], now_mono: float, bound: Any) -> None:
+        """Read the board again if it is time; a database error keeps the parts in force."""
+        if now_mono < self.next_read:
+            return
+        try:
+            # A savepoint when the caller is inside a transaction: a failed statement must not
+            # leave it aborted for the claims and finalizes after it.
+            with transaction.atomic():
+                self._read(channels, now_mono, bound)
+        except Error as exc:  # InterfaceError too: a closed connection
+            self.next_read = now_mono + REFRESH_SECONDS
+            bound.warning("lane-shares-refresh-failed", error=repr(exc))
+
+    def _read(self, channels: Iterable[SharedChannel], now_mono: float, bound: Any) -> None:
+        channels = list(channels)
+        board, tokens = read_board()
+        active = {a.lane for a in board} | {self.lane}
+        unsettled = [
+            a.lane
+            for a in board
+            if self.joining and a.lane != self.lane and not a.idle and self.token not in a.seen
+        ]
+        settled = True
+        for channel in channels:
+            lanes = sharers(self.lanes, active, channel.key)
+            was_held = channel.held
+            channel.held = channel.limits_shared and any(
+                covers(self.lanes, u, channel.key) for u in unsettled
+            )
+            if channel.set_share(lanes) or channel.held != was_held:
+                # More lanes than calls allowed: each keeps one, so together they go over.
+                (bound.warning if channel.over_limit else bound.info)(
+                    "channel-limits-shared",
+                    channel=channel.key,
+                    lanes=lanes,
+                    max_concurrency=channel.max_concurrency,
+                    rate_limit_per_second=channel.rate_limit,
+                    held=channel.held,
+                    over_limit=channel.over_limit,
+                )
+            settled = settled and channel.inflight <= channel.max_concurrency
+        if not any(channel.held for channel in channels):
+            self.joining = False
+        announce(self.lane, self.token, ACTIVE_GRACE_SECONDS, seen=tokens if settled else ())
+        self.next_read = now_mono + (JOIN_POLL_SECONDS if self.joining else REFRESH_SECONDS)
+
+    def end_tick(self, looping: bool, interval: float, bound: Any) -> None:
+        """Looping: stay on the board, idle, until the next tick; otherwise leave it."""
+        try:
+            if looping:
+                announce(self.lane, self.token, interval + ACTIVE_GRACE_SECONDS, idle=True)
+            else:
+                self.leave()
+        except Error as exc:  # InterfaceError too: a closed connection
+            bound.warning("lane-shares-update-failed", error=repr(exc))
+
+    def leave(self) -> None:
+        """Give this lane's parts back; only an owner that announced it (a standby has nothing to give)."""
+        if self.announced:
+            leave(self.lane, self.token)
+            self.announced = False
+
+
+def has_due_rows(channel_ids: Collection[int], now: datetime, priorities: Collection[int] | None) -> bool:
+    """Whether any of these channels has a row due for a lane of these priorities (all: ``None``)."""
+    rows = NotificationEntity.objects.due(now).filter(channel_id__in=list(channel_ids))
+    if priorities:
+        rows = rows.filter(priority__in=list(priorities))
+    return rows.exists()

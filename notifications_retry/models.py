@@ -482,9 +482,11 @@ class WorkerHeartbeat(models.Model):
     last_tick_started_at = models.DateTimeField(null=True, blank=True)
     last_tick_completed_at = models.DateTimeField(null=True, blank=True)
     last_tick_stats = models.JSONField(default=dict, blank=True)
-    # Database time until which this lane's owner may be sending: the lanes active now split the
-    # limits of every channel they can all serve (see lane_shares).
-    active_until = models.DateTimeField(null=True, blank=True)
+    # The board of lane_shares: lanes active now split the limits of the channels they share.
+    active_until = models.DateTimeField(null=True, blank=True)  # database time; null: not on the board
+    share_token = models.CharField(max_length=32, blank=True, default="")  # the announcing process
+    idle = models.BooleanField(default=False)  # between ticks: reads the board before sending again
+    settled_seen = models.TextField(blank=True, default="")  # tokens of its last settled read
 
     def __str__(self) -> str:
         return f"{self.lane} @ {self.last_tick_completed_at}"

@@ -112,8 +112,8 @@ class ChannelRuntime:
         self.paused_until = 0.0
         # Lanes sending on this channel now, this one included: they split its limits evenly.
         self.share = 1
-        # A joining lane holds back until the lanes already sending have scaled down.
-        self.joining_until = 0.0
+        # Held back while joining: the lanes already sending on it have not scaled down yet.
+        self.held = False
         self.inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
         self.exhausted = False
@@ -129,6 +129,10 @@ class ChannelRuntime:
         return bool(self.provider.inline)
 
     @property
+    def key(self) -> str:
+        return self.config.key
+
+    @property
     def max_concurrency(self) -> int:
         """This lane's part of the channel's concurrency (at least one call)."""
         return max(1, self.config.max_concurrency // self.share)
@@ -141,8 +145,13 @@ class ChannelRuntime:
 
     @property
     def limits_shared(self) -> bool:
-        """Whether lanes sending together could exceed a limit of this channel."""
+        """Whether the split lowers this lane's limits (else a joining lane has nothing to wait for)."""
         return bool(self.config.rate_limit_per_second) or self.config.max_concurrency > 1
+
+    @property
+    def over_limit(self) -> bool:
+        """More lanes than calls allowed: each keeps one call, so together they exceed the limit."""
+        return self.share > self.config.max_concurrency
 
     def set_share(self, share: int) -> bool:
         """Split the channel's limits among ``share`` lanes; True when the split changed."""
@@ -160,7 +169,7 @@ class ChannelRuntime:
 
     def capacity(self, now_mono: float, conf: RetrySettings) -> int:
         """How many more records to claim for this channel now (0: none)."""
-        if self.exhausted or now_mono < self.paused_until or now_mono < self.joining_until:
+        if self.exhausted or self.held or now_mono < self.paused_until:
             return 0
         if self.inline:
             wanted = conf.CLAIM_CHUNK_SIZE - len(self.queue)
@@ -186,7 +195,7 @@ class ChannelRuntime:
         self.breaker.started()
 
     def can_start(self, now_mono: float) -> bool:
-        if now_mono < max(self.paused_until, self.joining_until) or not self.limiter.ready(now_mono):
+        if self.held or now_mono < self.paused_until or not self.limiter.ready(now_mono):
             return False
         return self.inline or self.inflight < self.max_concurrency
 
@@ -269,7 +278,7 @@ class Worker:
                 )
             lane_conf = self.conf.LANES[lane]
         self.lane_priorities: list[int] | None = list(lane_conf.get("priorities") or []) or None
-        self.lane_channels: set[str] | None = set(lane_conf.get("channels") or []) or None
+        self.lane_channels = lane_shares.lane_channels(self.conf.LANES, self.lane)
         self.clock = clock or default_clock(self.conf.CLOCK)
         self.rng = rng or random.Random()
         self._sleep = sleep
@@ -290,9 +299,9 @@ class Worker:
         self._trace_parent: Any = None
         # Whether record spans are built, decided once a tick (asking costs an environment lookup).
         self._tracing = False
-        # Looping (run without once): the lane stays announced between ticks, see lane_shares.
+        # Looping (run without once): the lane stays on the board between ticks, see lane_shares.
         self._looping = False
-        self._announced = False
+        self._board = lane_shares.LaneBoard(self.lane, self.conf.LANES)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -335,7 +344,7 @@ class Worker:
                     ticks = ticks[-1000:]
         finally:
             self._looping = False
-            self._leave_shares()
+            self._leave_board()
             self.close()
         return ticks
 
@@ -375,13 +384,12 @@ class Worker:
                     "retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration
                 )
                 self._heartbeat(started_at=self.clock.now())
-                joining = self._announce()
                 with tracing.span(
                     "notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane
                 ) as span:
                     self._run_id, self._trace_parent = stats.run_id, tracing.current_context()
                     self._tracing = tracing.enabled()
-                    self._cycle(stats, started, bound, joining)
+                    self._cycle(stats, started, bound)
                     tracing.set_attributes(
                         span,
                         processed=stats.processed,
@@ -390,6 +398,9 @@ class Worker:
                         terminal=stats.terminal,
                     )
             finally:
+                # Before the lock goes: once another instance of this lane owns it, this one must
+                # not touch the lane's place on the board.
+                self._board.end_tick(self._looping, self.interval, bound)
                 self.lock.release()
                 metrics.LOCK_HELD.labels(self.lane).set(0)
         except (OperationalError, InterfaceError) as exc:
@@ -404,10 +415,11 @@ class Worker:
         self._after_tick(stats, bound)
         return stats
 
-    def _cycle(self, stats: TickStats, started: float, bound: Any, joining: bool) -> None:
+    def _cycle(self, stats: TickStats, started: float, bound: Any) -> None:
         runtimes = self._load_channels(stats, bound)
-        self._share_limits(runtimes, lane_shares.active_lanes(), joining, bound)
-        shares_read_at = time.monotonic()
+        board = self._board
+        board.begin_tick(runtimes.values(), time.monotonic(), bound)
+        held_have_due: bool | None = None  # asked once, when only held channels are left
         deadline = started + self.max_duration
         remaining = self.batch_size
         flight = self._flight
@@ -418,9 +430,7 @@ class Worker:
 
         while True:
             now_mono = time.monotonic()
-            if now_mono - shares_read_at >= lane_shares.REFRESH_SECONDS:
-                shares_read_at = now_mono
-                self._refresh_shares(runtimes, bound)
+            board.refresh(runtimes.values(), now_mono, bound)
             if claiming and (self.stopping or now_mono >= deadline or remaining <= 0):
                 claiming = False
                 stats.stopped = self.stopping
@@ -463,14 +473,16 @@ class Worker:
             if idle:
                 if not claiming:
                     break
-                now_mono = time.monotonic()
-                if not any(rt.capacity(now_mono, self.conf) for rt in runtimes.values()):
-                    # A join wait is short and part of this tick's work; a pause or an open circuit
-                    # is left to a later tick.
-                    joining = max((rt.joining_until for rt in runtimes.values()), default=0.0) - now_mono
-                    if joining <= 0:
+                if not any(rt.capacity(time.monotonic(), self.conf) for rt in runtimes.values()):
+                    # Waiting for the other lanes to scale down is part of this tick's work, if the
+                    # held channels have anything to send; a pause or an open circuit is left to a
+                    # later tick.
+                    held = [cid for cid, rt in runtimes.items() if rt.held]
+                    if held and held_have_due is None:
+                        held_have_due = lane_shares.has_due_rows(held, self.clock.now(), self.lane_priorities)
+                    if not held or not held_have_due:
                         break  # every channel is exhausted, paused or open-circuited for now
-                    time.sleep(min(0.05, joining))
+                    time.sleep(lane_shares.JOIN_POLL_SECONDS / 4)
             elif not calls and queued:
                 time.sleep(min(0.05, self._wait_time(runtimes)))
 
@@ -958,49 +970,11 @@ class Worker:
 
     # -- channel limits shared with other lanes ----------------------------------------------
 
-    def _announce(self, hold: float = lane_shares.ACTIVE_GRACE_SECONDS) -> bool:
-        joining = lane_shares.announce(self.lane, hold, socket.gethostname()[:255], os.getpid())
-        self._announced = True
-        return joining
-
-    def _share_limits(
-        self, runtimes: dict[int, ChannelRuntime], active: set[str], joining: bool, bound: Any
-    ) -> None:
-        """Give each channel this lane's part of its limits; hold back shared ones when joining."""
-        active = active | {self.lane}
-        now_mono = time.monotonic()
-        for rt in runtimes.values():
-            lanes = lane_shares.sharers(self.conf.LANES, active, rt.config.key)
-            wait = lane_shares.JOIN_WAIT_SECONDS if joining and lanes > 1 and rt.limits_shared else 0.0
-            if wait:
-                rt.joining_until = max(rt.joining_until, now_mono + wait)
-            if rt.set_share(lanes) or wait:
-                bound.info(
-                    "channel-limits-shared",
-                    channel=rt.config.key,
-                    lanes=lanes,
-                    max_concurrency=rt.max_concurrency,
-                    rate_limit_per_second=rt.rate_limit,
-                    join_wait_s=wait,
-                )
-
-    def _refresh_shares(self, runtimes: dict[int, ChannelRuntime], bound: Any) -> None:
+    def _leave_board(self) -> None:
         try:
-            joining = self._announce()
-            self._share_limits(runtimes, lane_shares.active_lanes(), joining, bound)
-        except DatabaseError as exc:
-            # Keep the split in force; the next refresh (or tick) reads the board again.
-            bound.warning("lane-shares-refresh-failed", error=repr(exc))
-
-    def _leave_shares(self) -> None:
-        """Give this lane's share back; only an owner that announced it (a standby has nothing to give)."""
-        if not self._announced:
-            return
-        try:
-            lane_shares.leave(self.lane, socket.gethostname()[:255], os.getpid())
-            self._announced = False
-        except DatabaseError as exc:
-            log.warning("lane-shares-leave-failed", lane=self.lane, error=repr(exc))
+            self._board.leave()
+        except (DatabaseError, InterfaceError) as exc:
+            log.warning("lane-shares-update-failed", lane=self.lane, error=repr(exc))
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -1038,10 +1012,6 @@ class Worker:
                 oldest_due_age_seconds=current.oldest_due_age_seconds,
             )
             self._heartbeat(completed_at=now, tick_stats=stats.as_dict())
-            if self._looping:
-                self._announce(self.interval + lane_shares.ACTIVE_GRACE_SECONDS)
-            else:
-                self._leave_shares()
         except DatabaseError as exc:
             bound.warning("tick-bookkeeping-failed", error=repr(exc))
         bound.info(
