@@ -19,6 +19,7 @@ ran, whatever clock either side takes. Owners read the board every ``REFRESH_SEC
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
@@ -98,13 +99,17 @@ def announce(
     lane: str, token: str, hold_seconds: float, *, idle: bool = False, seen: Collection[str] | None = None
 ) -> bool:
     """Mark ``lane`` active for ``hold_seconds`` of database time; ``seen``, when given, replaces the
-    tokens of its last settled read. Returns whether the lane was not active before (it is joining)."""
+    tokens of its last settled read. Returns whether the lane was not active under ``token`` before
+    (it is joining: new, back after a lapse, or another instance taking over)."""
     table = _table()
     joined = None if seen is None else ",".join(sorted(seen))
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            WITH previous AS (SELECT active_until > clock_timestamp() AS was FROM {table} WHERE lane = %s)
+            WITH previous AS (
+                SELECT active_until > clock_timestamp() AND share_token = %s AS was
+                FROM {table} WHERE lane = %s
+            )
             INSERT INTO {table} AS hb
                 (lane, hostname, pid, last_tick_stats, active_until, share_token, idle, settled_seen)
             VALUES (%s, '', 0, '{{}}', clock_timestamp() + make_interval(secs => %s), %s, %s,
@@ -114,7 +119,7 @@ def announce(
                 settled_seen = COALESCE(%s, hb.settled_seen)
             RETURNING (SELECT was FROM previous)
             """,
-            [lane, lane, hold_seconds, token, idle, joined, joined],
+            [token, lane, lane, hold_seconds, token, idle, joined, joined],
         )
         (was,) = cursor.fetchone()
     return not was
@@ -122,7 +127,7 @@ def announce(
 
 def leave(lane: str, token: str) -> None:
     """Take ``lane`` off the board, unless another process announced it since."""
-    WorkerHeartbeat.objects.filter(lane=lane, share_token=token).update(active_until=None)
+    WorkerHeartbeat.objects.filter(lane=lane, share_token=token).update(active_until=None, settled_seen="")
 
 
 def read_board() -> tuple[list[Announcement], set[str]]:
@@ -146,21 +151,38 @@ class LaneBoard:
         self.lane = lane
         self.lanes = lanes
         # Not the pid: another instance of the lane (pid 1 in its own container) must never be
-        # mistaken for this one when leaving.
+        # mistaken for this one. A fresh one at every join: no acknowledgement of an earlier join,
+        # still on another owner's row, can count for this one.
         self.token = uuid.uuid4().hex
         self.announced = False
+        self.owner = True  # False once the lane's lock is lost: the board is the new owner's
         self.joining = False  # until every lane sharing a channel with this one has settled with it
         self.next_read = 0.0
+        # Monotonic time until which the last announcement surely holds; past it, this owner may
+        # have dropped off the board and others may have taken its part.
+        self.valid_until = 0.0
+
+    def _announce(self, hold: float, *, idle: bool = False, seen: Collection[str] | None = None) -> None:
+        started = time.monotonic()
+        if announce(self.lane, self.token, hold, idle=idle, seen=seen):
+            self.token = uuid.uuid4().hex
+            announce(self.lane, self.token, hold, idle=idle, seen=())
+            self.joining = True
+        self.announced = True
+        # Margin for the statement's own time and the clocks' rates.
+        self.valid_until = started + hold - 1.0
 
     def begin_tick(self, channels: Iterable[SharedChannel], now_mono: float, bound: Any) -> None:
         """Announce the lane as sending, then take this tick's parts (holding back when joining)."""
-        # (A join not yet acknowledged when the last tick ended is still waited for.)
-        self.joining = announce(self.lane, self.token, ACTIVE_GRACE_SECONDS) or self.joining
-        self.announced = True
+        self.owner = True
         self._read(channels, now_mono, bound)
 
     def refresh(self, channels: Iterable[SharedChannel], now_mono: float, bound: Any) -> None:
         """Read the board again if it is time; a database error keeps the parts in force."""
+        if now_mono >= self.valid_until and self.owner:
+            # Possibly off the board: start nothing more on shared channels until back and acknowledged.
+            for channel in channels:
+                channel.held = channel.held or channel.limits_shared
         if now_mono < self.next_read:
             return
         try:
@@ -174,6 +196,8 @@ class LaneBoard:
 
     def _read(self, channels: Iterable[SharedChannel], now_mono: float, bound: Any) -> None:
         channels = list(channels)
+        if self.owner:
+            self._announce(ACTIVE_GRACE_SECONDS)
         board, tokens = read_board()
         active = {a.lane for a in board} | {self.lane}
         unsettled = [
@@ -202,14 +226,22 @@ class LaneBoard:
             settled = settled and channel.inflight <= channel.max_concurrency
         if not any(channel.held for channel in channels):
             self.joining = False
-        announce(self.lane, self.token, ACTIVE_GRACE_SECONDS, seen=tokens if settled else ())
+        if self.owner:
+            self._announce(ACTIVE_GRACE_SECONDS, seen=tokens if settled else ())
         self.next_read = now_mono + (JOIN_POLL_SECONDS if self.joining else REFRESH_SECONDS)
 
-    def end_tick(self, looping: bool, interval: float, bound: Any) -> None:
+    def lock_lost(self) -> None:
+        """Another instance may own the lane now: its place on the board is no longer this one's."""
+        self.owner = False
+
+    def end_tick(self, looping: bool, interval: float, calls_running: bool, bound: Any) -> None:
         """Looping: stay on the board, idle, until the next tick; otherwise leave it."""
+        if not self.owner:
+            return
         try:
             if looping:
-                announce(self.lane, self.token, interval + ACTIVE_GRACE_SECONDS, idle=True)
+                # Idle means "reads the board before sending again": not while calls still run.
+                self._announce(interval + ACTIVE_GRACE_SECONDS, idle=not calls_running)
             else:
                 self.leave()
         except Error as exc:  # InterfaceError too: a closed connection
@@ -217,9 +249,9 @@ class LaneBoard:
 
     def leave(self) -> None:
         """Give this lane's parts back; only an owner that announced it (a standby has nothing to give)."""
-        if self.announced:
+        if self.announced and self.owner:
             leave(self.lane, self.token)
-            self.announced = False
+        self.announced = False
 
 
 def has_due_rows(channel_ids: Collection[int], now: datetime, priorities: Collection[int] | None) -> bool:

@@ -400,7 +400,7 @@ class Worker:
             finally:
                 # Before the lock goes: once another instance of this lane owns it, this one must
                 # not touch the lane's place on the board.
-                self._board.end_tick(self._looping, self.interval, bound)
+                self._board.end_tick(self._looping, self.interval, bool(self._flight.running), bound)
                 self.lock.release()
                 metrics.LOCK_HELD.labels(self.lane).set(0)
         except (OperationalError, InterfaceError) as exc:
@@ -449,6 +449,7 @@ class Worker:
                         lock_ok = self.lock.still_held()
                     if not lock_ok:
                         stats.lock_lost = True
+                        board.lock_lost()
                         bound.error("retry-cycle-lock-lost")
                         claiming = False
                     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import random
 import threading
@@ -10,6 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import structlog
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
 from structlog.testing import capture_logs
@@ -392,3 +394,135 @@ def test_a_looping_owner_stays_on_the_board_idle_between_ticks_and_leaves_when_i
         thread.join(15)
     assert not thread.is_alive()
     assert board() == {}
+
+
+# -- the board's protocol, owner by owner (each LaneBoard is one process's side of it) --------------
+
+
+@dataclasses.dataclass
+class Channel:
+    """A channel's state as the board sees it in a worker: limits 4 calls, split among lanes."""
+
+    key: str = "orders"
+    inflight: int = 0
+    held: bool = False
+    share: int = 1
+    rate_limit: float | None = None
+    limits_shared: bool = True
+
+    @property
+    def max_concurrency(self) -> int:
+        return max(1, 4 // self.share)
+
+    @property
+    def over_limit(self) -> bool:
+        return self.share > 4
+
+    def set_share(self, share: int) -> bool:
+        changed, self.share = share != self.share, share
+        return changed
+
+
+LOG = structlog.get_logger("test")
+
+
+def owner(lane: str) -> tuple[lane_shares.LaneBoard, Channel]:
+    board_, channel = lane_shares.LaneBoard(lane, LANES), Channel()
+    board_.begin_tick([channel], time.monotonic(), LOG)
+    return board_, channel
+
+
+def read_now(board_: lane_shares.LaneBoard, channel: Channel) -> None:
+    board_.next_read = 0.0
+    board_.refresh([channel], time.monotonic(), LOG)
+
+
+@pytest.mark.django_db
+def test_a_joiner_is_released_only_once_the_sender_has_read_the_board_since():
+    sender, sending = owner("default")
+    assert (sending.share, sending.held) == (1, False)
+    joiner, joining = owner("urgent")
+    assert (joining.share, joining.held) == (2, True)
+    read_now(joiner, joining)
+    assert joining.held  # the sender has not read the board since
+    read_now(sender, sending)
+    assert sending.share == 2
+    read_now(joiner, joining)
+    assert not joining.held and not joiner.joining
+
+
+@pytest.mark.django_db
+def test_a_sender_with_calls_beyond_its_new_part_does_not_release_the_joiner():
+    sender, sending = owner("default")
+    sending.inflight = 4
+    joiner, joining = owner("urgent")
+    read_now(sender, sending)
+    read_now(joiner, joining)
+    assert sending.share == 2 and joining.held  # four calls still run against a part of two
+    sending.inflight = 2
+    read_now(sender, sending)
+    read_now(joiner, joining)
+    assert not joining.held
+
+
+@pytest.mark.django_db
+def test_a_rejoin_does_not_count_an_acknowledgement_of_the_earlier_join():
+    sender, sending = owner("default")
+    joiner, joining = owner("urgent")
+    read_now(sender, sending)
+    read_now(joiner, joining)
+    assert not joining.held
+    first_token = joiner.token
+    joiner.end_tick(looping=False, interval=60, calls_running=False, bound=LOG)  # a --once tick ends
+    assert set(board()) == {"default"}
+    assert first_token in board()["default"].seen  # the sender has not read the board since
+    joiner.begin_tick([joining], time.monotonic(), LOG)
+    assert joiner.token != first_token and joining.held
+
+
+@pytest.mark.django_db
+def test_an_owner_that_dropped_off_the_board_holds_back_until_acknowledged_again():
+    sender, sending = owner("default")
+    joiner, joining = owner("urgent")
+    read_now(sender, sending)
+    read_now(joiner, joining)
+    assert not joining.held
+    # Stalled past its grace: locally, it stops starting calls on shared channels at once...
+    joiner.valid_until = time.monotonic() - 1
+    joiner.refresh([joining], time.monotonic(), LOG)  # not yet time to read: the hold is local
+    assert joining.held
+    # ...and the others may have taken its part meanwhile.
+    WorkerHeartbeat.objects.filter(lane="urgent").update(active_until=timezone.now() - timedelta(seconds=1))
+    read_now(sender, sending)
+    assert sending.share == 1
+    read_now(joiner, joining)  # back on the board: a join, under a new token
+    assert joiner.joining and joining.held
+    read_now(sender, sending)
+    read_now(joiner, joining)
+    assert sending.share == 2 and not joining.held
+
+
+@pytest.mark.django_db
+def test_a_standby_taking_over_a_lane_joins_anew_and_the_old_owner_stops_writing():
+    sender, sending = owner("default")
+    first, first_channel = owner("urgent")
+    read_now(sender, sending)
+    read_now(first, first_channel)
+    assert not first_channel.held
+    first.lock_lost()  # another instance of "urgent" owns the lock now
+    second, second_channel = owner("urgent")
+    assert second.token != first.token and second_channel.held  # not covered by the first's join
+    read_now(first, first_channel)
+    first.end_tick(looping=True, interval=60, calls_running=False, bound=LOG)
+    first.leave()
+    row = WorkerHeartbeat.objects.get(lane="urgent")
+    assert (row.share_token, row.idle, row.active_until is not None) == (second.token, False, True)
+
+
+@pytest.mark.django_db
+def test_a_looping_owner_is_idle_between_ticks_only_when_no_call_still_runs():
+    looping, _ = owner("default")
+    looping.end_tick(looping=True, interval=60, calls_running=True, bound=LOG)
+    assert board()["default"].idle is False
+    looping.end_tick(looping=True, interval=60, calls_running=False, bound=LOG)
+    assert board()["default"].idle is True
