@@ -13,6 +13,8 @@ import os
 import dj_database_url
 import structlog
 
+from notifications_retry import logging as nr_logging
+
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -42,6 +44,7 @@ _shared = [
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
+    *nr_logging.processors(),  # the masking chain, as in the example project and the docs
 ]
 LOG_LEVEL = os.environ.get("NR_BENCH_LOG_LEVEL", "INFO")
 
@@ -67,6 +70,7 @@ def configure_logging(pipeline: str) -> None:
                 structlog.contextvars.merge_contextvars,
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
+                *nr_logging.processors(),
                 structlog.processors.JSONRenderer(),
             ],
             wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, LOG_LEVEL)),
