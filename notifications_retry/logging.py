@@ -14,6 +14,7 @@ See docs/observability.md for a complete configuration (JSON lines in production
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta
@@ -143,6 +144,22 @@ def mask_text(text: str, opaque: bool = True) -> str:
     (``opaque``) long words mixing letters and digits, which is how device tokens and API keys look."""
     if not text:
         return text
+    if len(text) <= _CACHED_TEXT_LENGTH:
+        return _mask_short_text(text, opaque)
+    return _mask_text(text, opaque)
+
+
+#: Short field values repeat from event to event (event names, channels, lanes, a tick's run id):
+#: their masking is remembered instead of running every pattern again for each log line.
+_CACHED_TEXT_LENGTH = 128
+
+
+@functools.lru_cache(maxsize=4096)
+def _mask_short_text(text: str, opaque: bool) -> str:
+    return _mask_text(text, opaque)
+
+
+def _mask_text(text: str, opaque: bool) -> str:
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     text = _EMAIL.sub(lambda m: mask_recipient(m.group(0)), text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
@@ -197,6 +214,11 @@ def _normal(key: Any) -> str:
 
 
 def _kind(key: Any) -> str | None:
+    return _kind_of_name(key) if isinstance(key, str) else _kind_of_name(_normal(key))
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind_of_name(key: str) -> str | None:
     name = _normal(key)
     if name in SECRET_KEYS or name.endswith(SECRET_SUFFIXES):
         return "secret"
