@@ -84,6 +84,19 @@ def in_thread(target):
     return thread
 
 
+def tick(worker, beside=None):
+    """One tick of ``worker``, then closed; ``beside`` runs on its own thread meanwhile."""
+    thread = in_thread(beside) if beside is not None else None
+    try:
+        with capture_logs() as logs:
+            stats = worker.tick()
+    finally:
+        if thread is not None:
+            thread.join(15)
+        worker.close()
+    return stats, logs
+
+
 def orders_channel(url, **kwargs):
     kwargs.setdefault("max_concurrency", 4)
     kwargs.setdefault("rate_limit_per_second", 40)
@@ -148,14 +161,8 @@ def test_a_joining_lane_holds_back_until_the_sending_lane_settles_then_takes_hal
             lane_shares.announce("default", OTHER, 30, seen=lane_shares.read_board()[1])
             settled.append(time.monotonic())
 
-        worker = Worker(clock=clock, rng=random.Random(1), lane="urgent")
-        thread = in_thread(settle_later)
-        try:
-            with capture_logs() as logs:
-                assert worker.tick().sent == 20
-        finally:
-            thread.join(15)
-            worker.close()
+        stats, logs = tick(Worker(clock=clock, rng=random.Random(1), lane="urgent"), settle_later)
+        assert stats.sent == 20
     finally:
         server.stop()
     shared = [e for e in logs if e["event"] == "channel-limits-shared"]
@@ -213,24 +220,16 @@ def test_lanes_on_disjoint_channels_do_not_share(clock, webhook_server, settings
     due(channel, 10, now=clock.now())
     lane_shares.announce("urgent", OTHER, 30, idle=True)  # priority-only: it may send on bulk-mail
     WorkerHeartbeat.objects.create(lane="other-bulk", active_until=None)  # not on the board
-    worker = Worker(clock=clock, rng=random.Random(1), lane="bulk")
-    try:
-        with capture_logs() as logs:
-            assert worker.tick().sent == 10
-    finally:
-        worker.close()
+    stats, logs = tick(Worker(clock=clock, rng=random.Random(1), lane="bulk"))
+    assert stats.sent == 10
     assert [e["lanes"] for e in logs if e["event"] == "channel-limits-shared"] == [2]
 
     # A lane selected by channels does not share a channel outside them.
     lane_shares.leave("urgent", OTHER)
     lane_shares.announce("bulk", OTHER, 30)
     due(orders_channel(webhook_server.url), 3, now=clock.now(), priority=Priority.HIGH)
-    worker = Worker(clock=clock, rng=random.Random(1), lane="urgent")
-    try:
-        with capture_logs() as logs:
-            assert worker.tick().sent == 3
-    finally:
-        worker.close()
+    stats, logs = tick(Worker(clock=clock, rng=random.Random(1), lane="urgent"))
+    assert stats.sent == 3
     assert not [e for e in logs if e["event"] == "channel-limits-shared" and e["channel"] == "orders"]
 
 
@@ -239,12 +238,8 @@ def test_more_lanes_than_calls_allowed_is_logged_as_over_the_limit(clock, webhoo
     settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
     due(orders_channel(webhook_server.url, max_concurrency=1, rate_limit_per_second=None), 2, now=clock.now())
     lane_shares.announce("urgent", OTHER, 30, idle=True)
-    worker = Worker(clock=clock, rng=random.Random(1))
-    try:
-        with capture_logs() as logs:
-            assert worker.tick().sent == 2
-    finally:
-        worker.close()
+    stats, logs = tick(Worker(clock=clock, rng=random.Random(1)))
+    assert stats.sent == 2
     (event,) = [e for e in logs if e["event"] == "channel-limits-shared"]
     assert event["log_level"] == "warning" and event["over_limit"] is True and event["max_concurrency"] == 1
 
@@ -266,14 +261,8 @@ def test_a_ticking_lane_scales_down_and_settles_when_another_joins(clock, settin
             wait_until(lambda: OTHER in board()["default"].seen, 10, message="default settled")
             seen.append(time.monotonic())
 
-        worker = Worker(clock=clock, rng=random.Random(1))
-        thread = in_thread(join_later)
-        try:
-            with capture_logs() as logs:
-                assert worker.tick().sent == 100
-        finally:
-            thread.join(15)
-            worker.close()
+        stats, logs = tick(Worker(clock=clock, rng=random.Random(1)), join_later)
+        assert stats.sent == 100
     finally:
         server.stop()
     assert [e["lanes"] for e in logs if e["event"] == "channel-limits-shared"] == [2]
@@ -297,13 +286,8 @@ def test_an_owner_does_not_settle_while_its_calls_in_flight_exceed_its_new_part(
             wait_until(lambda: OTHER in board()["default"].seen, 10, message="default settled")
             seen.append(time.monotonic())
 
-        worker = Worker(clock=clock, rng=random.Random(1))
-        thread = in_thread(join_when_four_in_flight)
-        try:
-            assert worker.tick().sent == 8
-        finally:
-            thread.join(15)
-            worker.close()
+        stats, _ = tick(Worker(clock=clock, rng=random.Random(1)), join_when_four_in_flight)
+        assert stats.sent == 8
     finally:
         server.stop()
     first_answers = min(r.received_at for r in server.requests) + delay
@@ -330,12 +314,8 @@ def test_a_failed_board_read_keeps_the_parts_and_the_tick_goes_on(
         return real_read()
 
     monkeypatch.setattr(lane_shares, "read_board", failing_after_the_first)
-    worker = Worker(clock=clock, rng=random.Random(1))
-    try:
-        with capture_logs() as logs:
-            assert worker.tick().sent == 60
-    finally:
-        worker.close()
+    stats, logs = tick(Worker(clock=clock, rng=random.Random(1)))
+    assert stats.sent == 60
     assert reads >= 2
     assert any(e["event"] == "lane-shares-refresh-failed" for e in logs)
     arrivals = sorted(r.received_at for r in webhook_server.requests)
