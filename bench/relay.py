@@ -64,8 +64,8 @@ def relay_rate(rows: int, publisher: str, url: str | None) -> float:
 
     from notifications_retry.clock import SystemClock
     from notifications_retry.models import Outbox
-    from notifications_retry.publishers import get_publisher
-    from notifications_retry.relay import Relay
+    from notifications_retry.outbox.publishers import get_publisher
+    from notifications_retry.outbox.relay import Relay
 
     reset_rows()
     cid = channel("in_app")

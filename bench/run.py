@@ -226,7 +226,7 @@ def worker_drain(expected: int, lane: str | None = None) -> dict[str, Any]:
     """One worker tick that drains everything due; returns its stats."""
     from django.db import connection
 
-    from notifications_retry.worker import Worker
+    from notifications_retry.engine.worker import Worker
 
     connection.close()
     worker = Worker(batch_size=expected + 1000, max_duration=3600, interval=0, lane=lane)

@@ -13,7 +13,7 @@ import os
 import dj_database_url
 import structlog
 
-from notifications_retry import logging as nr_logging
+from notifications_retry.observability import logging as nr_logging
 
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False

@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-import notifications_retry.logging
+import notifications_retry.observability.logging
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ _shared_processors: list[Any] = [
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
     # Recipients, tokens and bodies are masked before any renderer sees them.
-    *notifications_retry.logging.processors(),
+    *notifications_retry.observability.logging.processors(),
 ]
 structlog.configure(
     processors=[

@@ -1,6 +1,7 @@
 """The triage console: notifications, dead letters, channels, the outbox, and the queue health page.
 
-Nothing here writes notification rows: requeue and discard go through :mod:`notifications_retry.triage`,
+Nothing here writes notification rows: requeue and discard go through
+:mod:`notifications_retry.delivery.triage`,
 which locks, checks the state, audits and updates in one transaction. The admin adds what only it
 knows: who asked, the reason typed on the confirmation page (stored in the triage log and in an admin
 ``LogEntry``), permission checks that answer 403, and messages with the counts.
@@ -29,10 +30,11 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from . import triage
+from notifications_retry.delivery import triage
+from notifications_retry.observability.masking import mask_recipient
+
 from .admin_views import dashboard_view, format_age
 from .conf import get_settings
-from .masking import mask_recipient
 from .models import (
     ChannelConfig,
     DeadLetterAction,

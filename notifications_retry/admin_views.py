@@ -13,7 +13,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from . import health
+from notifications_retry.observability import health
+
 from .clock import default_clock
 from .conf import get_settings
 from .models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat

@@ -22,11 +22,12 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from notifications_retry.delivery.triage import TriageResult, discard, requeue
+from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
+
 from . import events
 from .exceptions import InvalidTransition
-from .health import Backlog, StatusRow, backlog, status_breakdown
 from .models import ChannelConfig, DeadLetterAction, NotificationEntity
-from .triage import TriageResult, discard, requeue
 
 __all__ = [
     "CANCELLED",

@@ -12,9 +12,10 @@ from datetime import datetime, timedelta
 import structlog
 from django.utils import timezone
 
+from notifications_retry.delivery.triage import expire_dead_letters
+
 from .conf import get_settings
 from .models import BacklogSample, Outbox
-from .triage import expire_dead_letters
 
 log = structlog.get_logger("notifications_retry.housekeeping")
 

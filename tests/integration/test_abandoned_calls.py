@@ -12,9 +12,9 @@ from typing import ClassVar
 import pytest
 from django.test import override_settings
 
+from notifications_retry.engine.worker import ABANDON_GRACE_SECONDS, Worker
 from notifications_retry.models import NotificationEntity
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
-from notifications_retry.worker import ABANDON_GRACE_SECONDS, Worker
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.masking import mask_recipient
+from notifications_retry.observability.masking import mask_recipient
 from notifications_retry.url_policy import host_is_allowlisted, webhook_url_problems
 
 

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from notifications_retry.delivery import attempt_budget
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 
 Status = NotificationEntity.Status

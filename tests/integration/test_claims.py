@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 
 from notifications_retry.delivery import RETRY, SENT, ChannelClaim, Outcome, claim_due, finalize
+from notifications_retry.engine.worker import Worker
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity, Outbox
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 
 Status = NotificationEntity.Status

@@ -12,10 +12,10 @@ import jsonschema
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from notifications_retry import api, events, triage
-from notifications_retry.delivery import finalize
+from notifications_retry import api, events
+from notifications_retry.delivery import finalize, triage
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 

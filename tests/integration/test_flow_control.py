@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 

@@ -17,9 +17,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from notifications_retry.health_check import check_liveness
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import WorkerHeartbeat
-from notifications_retry.worker import Worker
+from notifications_retry.observability.liveness import check_liveness
 from tests.factories import ChannelFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from django.db import OperationalError, connection, connections
 from django.utils import timezone
 from structlog.testing import capture_logs
 
-from notifications_retry import lane_shares
+from notifications_retry.engine import lane_shares
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, WorkerHeartbeat
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer
 from tests.support.processes import WorkerProcess, wait_until, worker_env

@@ -12,9 +12,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from notifications_retry.engine.worker import Worker
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer
 from tests.support.processes import WorkerProcess, worker_env

@@ -1,8 +1,8 @@
 """Canary recipients, tokens and bodies never reach log output; the SPEC's events carry their context.
 
 structlog is configured here the way docs/observability.md tells a project to (stdlib integration,
-``notifications_retry.logging.processors()`` in both chains, JSON and console renderers), and every
-byte the handlers write is searched.
+``notifications_retry.observability.logging.processors()`` in both chains, JSON and console
+renderers), and every byte the handlers write is searched.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pytest
 import structlog
 from django.test import override_settings
 
-import notifications_retry.logging as nr_logging
+import notifications_retry.observability.logging as nr_logging
+from notifications_retry.engine.worker import Worker
 from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
 from notifications_retry.models import NotificationEntity
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

@@ -19,12 +19,13 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from structlog.testing import capture_logs
 
-from notifications_retry import events, triage
+from notifications_retry import events
+from notifications_retry.delivery import triage
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
-from notifications_retry.publishers import HttpPublisher, LogPublisher, get_publisher
-from notifications_retry.publishers.http import KEY_HEADER
-from notifications_retry.relay import Relay
-from notifications_retry.worker import Worker
+from notifications_retry.outbox.publishers import HttpPublisher, LogPublisher, get_publisher
+from notifications_retry.outbox.publishers.http import KEY_HEADER
+from notifications_retry.outbox.relay import Relay
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import RecordedRequest, Reply, ScriptedServer
 

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from notifications_retry import signals
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db
@@ -267,7 +267,7 @@ def test_fixed_backoff_and_retry_after_floor(clock):
 
 
 def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_server):
-    from notifications_retry.worker import QUEUE_ROUNDS
+    from notifications_retry.engine.worker import QUEUE_ROUNDS
     from tests.support.http_server import Reply
 
     webhook_server.responder = lambda r: Reply(429, headers={"Retry-After": "120"})

@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from notifications_retry import tracing
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
-from notifications_retry.worker import Worker
+from notifications_retry.observability import tracing
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 

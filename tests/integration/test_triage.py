@@ -8,9 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from notifications_retry import api, triage
+from notifications_retry import api
+from notifications_retry.delivery import triage
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import DeadLetterAction, NotificationEntity, Outbox
-from notifications_retry.worker import Worker
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from notifications_retry.engine.worker import Worker
 from notifications_retry.models import ChannelConfig, NotificationEntity, Outbox
-from notifications_retry.worker import Worker
 from tests.factories import NotificationFactory
 from tests.process.conftest import seed_due
 from tests.process.helpers import assert_one_event_per_final_outcome, db_now, webhook_channel

@@ -11,11 +11,11 @@ import uuid
 import pytest
 
 from notifications_retry import signals
+from notifications_retry.engine.worker import Worker
 from notifications_retry.exceptions import RetryableProviderError
 from notifications_retry.models import ChannelConfig, NotificationEntity, Outbox
 from notifications_retry.providers.base import OutgoingMessage
 from notifications_retry.providers.webhook import WebhookProvider
-from notifications_retry.worker import Worker
 from tests.process.conftest import seed_due
 from tests.process.helpers import assert_one_event_per_final_outcome, requests_by_key, webhook_channel
 from tests.support.http_server import Reply, ScriptedServer

@@ -69,7 +69,7 @@ def test_every_card_alert_exists_on_exported_metrics_with_a_runbook():
         in (rules["NotificationsRetryWorkerStalled"])
     )
 
-    from notifications_retry import metrics
+    from notifications_retry.observability import metrics
 
     # Sample names a scrape shows: counters gain _total, histograms _bucket/_count/_sum.
     exported: set[str] = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 
-from notifications_retry.flow_control import CircuitBreaker, RateLimiter
+from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
 
 
 def max_in_window(times: list[float], window: float = 1.0) -> int:

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from notifications_retry.conf import get_settings
 from notifications_retry.management import option_types
-from notifications_retry.relay import run_relay
+from notifications_retry.outbox.relay import run_relay
 
 
 class Command(BaseCommand):

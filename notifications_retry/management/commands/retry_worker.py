@@ -11,11 +11,11 @@ from typing import Any
 import structlog
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from notifications_retry import metrics
 from notifications_retry.conf import get_settings
-from notifications_retry.health_check import check_liveness
+from notifications_retry.engine.worker import run_worker
 from notifications_retry.management import option_types
-from notifications_retry.worker import run_worker
+from notifications_retry.observability import metrics
+from notifications_retry.observability.liveness import check_liveness
 
 log = structlog.get_logger("notifications_retry.command")
 

@@ -40,7 +40,7 @@ class Command(BaseCommand):
         before = {row.pk: _state(row) for row in rows}
         self._say(f"created {len(rows)} notifications (run {run})\n")
 
-        from notifications_retry.worker import Worker
+        from notifications_retry.engine.worker import Worker
 
         stats = Worker(batch_size=200, max_duration=45.0, interval=60.0).tick()
         stats_view = stats.as_dict() if hasattr(stats, "as_dict") else vars(stats)

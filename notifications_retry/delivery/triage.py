@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .models import DeadLetterAction, NotificationEntity
+from notifications_retry.models import DeadLetterAction, NotificationEntity
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED = "cancelled"

@@ -28,10 +28,9 @@ import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.db.models import Count
 
-from . import lane_shares, metrics, tracing
-from .clock import Clock, default_clock
-from .conf import RetrySettings, get_settings
-from .delivery import (
+from notifications_retry.clock import Clock, default_clock
+from notifications_retry.conf import RetrySettings, get_settings
+from notifications_retry.delivery import (
     RETRY,
     SENT,
     TERMINAL,
@@ -43,16 +42,18 @@ from .delivery import (
     finalize,
     release,
 )
-from .exceptions import ProviderError
-from .flow_control import CircuitBreaker, RateLimiter
-from .locks import AdvisoryLock
-from .logging import redact
-from .models import ChannelConfig, NotificationEntity, WorkerHeartbeat
-from .providers import OutgoingMessage, Provider, get_provider_class
-from .providers.base import SendResult
-from .retry import BackoffPolicy, next_attempt_at
-from .send_loop import SendLoop
-from .signals import terminal_failure
+from notifications_retry.engine import lane_shares
+from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
+from notifications_retry.engine.send_loop import SendLoop
+from notifications_retry.exceptions import ProviderError
+from notifications_retry.locks import AdvisoryLock
+from notifications_retry.models import ChannelConfig, NotificationEntity, WorkerHeartbeat
+from notifications_retry.observability import metrics, tracing
+from notifications_retry.observability.logging import redact
+from notifications_retry.providers import OutgoingMessage, Provider, get_provider_class
+from notifications_retry.providers.base import SendResult
+from notifications_retry.retry import BackoffPolicy, next_attempt_at
+from notifications_retry.signals import terminal_failure
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -995,8 +996,8 @@ class Worker:
         WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
 
     def _after_tick(self, stats: TickStats, bound: Any) -> None:
-        from .health import backlog
-        from .models import BacklogSample
+        from notifications_retry.models import BacklogSample
+        from notifications_retry.observability.health import backlog
 
         try:
             now = self.clock.now()

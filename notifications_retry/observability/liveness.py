@@ -12,10 +12,10 @@ from datetime import datetime
 
 from django.db import DatabaseError
 
-from .clock import Clock, default_clock
-from .conf import get_settings
-from .lane_shares import DEFAULT_LANE
-from .models import WorkerHeartbeat
+from notifications_retry.clock import Clock, default_clock
+from notifications_retry.conf import get_settings
+from notifications_retry.engine.lane_shares import DEFAULT_LANE
+from notifications_retry.models import WorkerHeartbeat
 
 __all__ = ["Liveness", "check_liveness"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from .base import Publisher, PublishError
-from .http import HttpPublisher
-from .log import LogPublisher
+from notifications_retry.outbox.publishers.base import Publisher, PublishError
+from notifications_retry.outbox.publishers.http import HttpPublisher
+from notifications_retry.outbox.publishers.log import LogPublisher
 
 BUILTIN_PUBLISHERS: dict[str, type[Publisher]] = {
     LogPublisher.name: LogPublisher,
@@ -39,7 +39,9 @@ def get_publisher_class(name: str) -> type[Publisher]:
     except ImportError as exc:
         raise ValueError(f"publisher {name!r} cannot be imported: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Publisher)):
-        raise ValueError(f"publisher {name!r} is not a notifications_retry.publishers.Publisher subclass")
+        raise ValueError(
+            f"publisher {name!r} is not a notifications_retry.outbox.publishers.Publisher subclass"
+        )
     return cls
 
 

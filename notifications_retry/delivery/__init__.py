@@ -19,8 +19,14 @@ from typing import Any
 import pgtrigger
 from django.db import DatabaseError, connection, transaction
 
-from . import events
-from .models import CONTRACT_VERSION, DISPATCHED_TOPIC, ChannelConfig, NotificationEntity, Outbox
+from notifications_retry import events
+from notifications_retry.models import (
+    CONTRACT_VERSION,
+    DISPATCHED_TOPIC,
+    ChannelConfig,
+    NotificationEntity,
+    Outbox,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,7 @@ The library only *emits* events (``structlog.get_logger("notifications_retry..."
 decides how they are rendered. Put :func:`processors` into the project's structlog chain (and into
 ``ProcessorFormatter``'s ``foreign_pre_chain`` for stdlib records), before the renderer::
 
-    import notifications_retry.logging as nr_logging
-
+    import notifications_retry.observability.logging as nr_logging
     structlog.configure(processors=[..., *nr_logging.processors(), renderer])
 
 See docs/observability.md for a complete configuration (JSON lines in production, console in development).
@@ -26,7 +25,7 @@ from uuid import UUID
 from structlog.processors import format_exc_info
 from structlog.typing import EventDict, WrappedLogger
 
-from .masking import mask_recipient
+from notifications_retry.observability.masking import mask_recipient
 
 __all__ = ["MASK", "mask_event_dict", "mask_text", "mask_value", "processors", "redact"]
 

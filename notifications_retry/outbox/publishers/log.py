@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import structlog
 
-from .base import Publisher
+from notifications_retry.outbox.publishers.base import Publisher
 
 log = structlog.get_logger("notifications_retry.outbox")
 

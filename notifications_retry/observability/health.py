@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.db.models import Count, Min
 
-from .models import NotificationEntity
+from notifications_retry.models import NotificationEntity
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,12 +32,12 @@ import psycopg
 import structlog
 from django.db import DatabaseError, connection, transaction
 
-from . import events
-from .clock import Clock, default_clock
-from .conf import get_settings
-from .locks import dedicated_connection
-from .models import Outbox
-from .publishers import Publisher, PublishError, get_publisher
+from notifications_retry import events
+from notifications_retry.clock import Clock, default_clock
+from notifications_retry.conf import get_settings
+from notifications_retry.locks import dedicated_connection
+from notifications_retry.models import Outbox
+from notifications_retry.outbox.publishers import Publisher, PublishError, get_publisher
 
 log = structlog.get_logger("notifications_retry.relay")
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from django.db import Error, connection, transaction
 
-from .models import NotificationEntity, WorkerHeartbeat
+from notifications_retry.models import NotificationEntity, WorkerHeartbeat
 
 DEFAULT_LANE = "default"
 #: How often a ticking owner reads the board and extends its announcement.

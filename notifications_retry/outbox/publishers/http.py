@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .base import Publisher, PublishError
+from notifications_retry.outbox.publishers.base import Publisher, PublishError
 
 #: Headers of every request: consumers partition by the key and drop duplicates by the event id.
 KEY_HEADER = "X-Event-Key"

@@ -1,0 +1,1 @@
+"""Logs, masking, metrics, tracing and liveness: how the app is seen from outside."""

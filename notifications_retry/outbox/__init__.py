@@ -1,0 +1,1 @@
+"""The outbox's way out: the relay and its publishers."""
