@@ -1080,7 +1080,6 @@ class WorkerHeartbeatAdmin(ReadOnlyMixin, HeartbeatAdminBase):
         "pid",
         "last_tick_started_at",
         "last_tick_completed_at",
-        "active_until",
     )
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:

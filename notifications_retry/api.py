@@ -22,12 +22,12 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
 
-from . import events
-from .exceptions import InvalidTransition
-from .models import ChannelConfig, DeadLetterAction, NotificationEntity
+from .models import ChannelConfig, NotificationEntity
+from .outcomes import CANCELLED
 
 __all__ = [
     "CANCELLED",
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 #: ``error_kind`` of a notification cancelled through :func:`cancel_notification`.
-CANCELLED = "cancelled"
 
 #: Sent on commit of :func:`create_notification` for a fresh (unscheduled) notification, so the
 #: monolith's dispatcher never picks up a row that was rolled back. Keyword argument: ``notification``.
@@ -118,54 +117,7 @@ def cancel_notification(
     """Make a Pending notification terminal Failed (``error_kind="cancelled"``) with its Failed event."""
     now = now or timezone.now()
     pk = notification.pk if isinstance(notification, NotificationEntity) else notification
-    with transaction.atomic():
-        try:
-            row = NotificationEntity.objects.select_for_update().select_related("channel").get(pk=pk)
-        except NotificationEntity.DoesNotExist:
-            raise InvalidTransition(f"cannot cancel notification {pk}: no such notification") from None
-        if row.status != NotificationEntity.Status.PENDING:
-            raise InvalidTransition(f"cannot cancel notification {pk}: it is {row.status}, not pending")
-        if row.claim_token is not None and row.claim_expires_at is not None and row.claim_expires_at > now:
-            # The worker is calling the provider right now; cancelling would race the send.
-            raise InvalidTransition(f"cannot cancel notification {pk}: a worker is sending it now")
-        error = f"cancelled by {actor}" + (f": {reason}" if reason else "")
-        # Terminal means dead-lettered in this schema (the worker never takes it again); it is
-        # resolved at once so that it does not wait in the triage queue.
-        NotificationEntity.objects.filter(pk=row.pk).update(
-            status=NotificationEntity.Status.FAILED,
-            error_kind=CANCELLED,
-            last_error=error,
-            next_attempt_at=None,
-            claim_token=None,
-            claim_expires_at=None,
-            dead_lettered_at=now,
-            dead_letter_reason=f"{CANCELLED}: {error}",
-            resolution=NotificationEntity.Resolution.DISCARDED,
-            resolved_at=now,
-            updated_at=now,
-        )
-        DeadLetterAction.objects.create(
-            notification=row,
-            action=DeadLetterAction.Action.DISCARD,
-            actor=actor,
-            reason=error,
-            attempts_before=row.attempts,
-            created_at=now,
-        )
-        events.dispatched_event(
-            generation=row.requeue_count,
-            created_at=now,
-            notification_id=row.pk,
-            tenant_id=row.tenant_id,
-            channel=row.channel.key,
-            status=events.FAILED,
-            attempts=row.attempts,
-            provider_message_id=row.provider_message_id,
-            error=error,
-            error_kind=CANCELLED,
-        ).save(force_insert=True)
-        row.refresh_from_db()
-    return row
+    return cancel(pk, actor=actor, reason=reason, now=now)
 
 
 def requeue_dead_letters(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -13,3 +16,14 @@ class NotificationsRetryConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the checks)
+
+    def channel_problems(self, provider_key: str, options: Mapping[str, Any]) -> list[str]:
+        """What stops a channel with this provider and these options from sending; empty when it can work."""
+        from .exceptions import ChannelConfigurationError
+        from .providers import get_provider_class
+
+        try:
+            provider = get_provider_class(provider_key)
+        except ChannelConfigurationError as exc:
+            return [str(exc)]
+        return provider.options_problems(options)

@@ -13,6 +13,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
+from notifications_retry.lanes import share_problems
+
 SETTINGS_NAME = "NOTIFICATIONS_RETRY"
 
 
@@ -133,8 +135,12 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         problems.append("LANES must be a mapping of lane name to {'priorities': [...], 'channels': [...]}")
     else:
         for name, lane in conf.LANES.items():
-            if not isinstance(lane, Mapping) or set(lane) - {"priorities", "channels"}:
-                problems.append(f"LANES[{name!r}] must be a mapping with keys 'priorities' and/or 'channels'")
+            if not isinstance(lane, Mapping) or set(lane) - {"priorities", "channels", "shares"}:
+                problems.append(
+                    f"LANES[{name!r}] must be a mapping with keys 'priorities', 'channels' and/or 'shares'"
+                )
+                return problems
+        problems.extend(share_problems(conf.LANES))
     if not isinstance(conf.LOCK_DATABASE_POOLED, bool):
         problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
     if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):

@@ -12,14 +12,14 @@ from typing import Any
 
 import django
 import pgtrigger
+from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .exceptions import ChannelConfigurationError
-from .providers.base import ChannelSettings
+from .channel_settings import ChannelSettings
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 CONTRACT_VERSION = 1
@@ -96,13 +96,9 @@ class ChannelConfig(models.Model):
 
     def configuration_problems(self) -> list[str]:
         """What stops this channel from sending; empty when it can work."""
-        from .providers import get_provider_class
-
-        try:
-            provider = get_provider_class(self.provider_key)
-        except ChannelConfigurationError as exc:
-            return [str(exc)]
-        return provider.options_problems(self.options if self.options is not None else {})
+        # The provider registry is asked through the app config: the models import no provider.
+        app = apps.get_app_config("notifications_retry")
+        return app.channel_problems(self.provider_key, self.options if self.options is not None else {})  # type: ignore[attr-defined,no-any-return]
 
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
@@ -482,11 +478,6 @@ class WorkerHeartbeat(models.Model):
     last_tick_started_at = models.DateTimeField(null=True, blank=True)
     last_tick_completed_at = models.DateTimeField(null=True, blank=True)
     last_tick_stats = models.JSONField(default=dict, blank=True)
-    # The board of lane_shares: lanes active now split the limits of the channels they share.
-    active_until = models.DateTimeField(null=True, blank=True)  # database time; null: not on the board
-    share_token = models.CharField(max_length=32, blank=True, default="")  # the announcing process
-    idle = models.BooleanField(default=False)  # between ticks: reads the board before sending again
-    settled_seen = models.TextField(blank=True, default="")  # tokens of its last settled read
 
     def __str__(self) -> str:
         return f"{self.lane} @ {self.last_tick_completed_at}"

@@ -14,7 +14,7 @@ from django.db import DatabaseError
 
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
-from notifications_retry.engine.lane_shares import DEFAULT_LANE
+from notifications_retry.lanes import DEFAULT_LANE
 from notifications_retry.models import WorkerHeartbeat
 
 __all__ = ["Liveness", "check_liveness"]

@@ -60,6 +60,14 @@ CIRCUIT_STATE = Gauge(
     ["channel"],
 )
 CIRCUIT_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+POISONED = Counter(
+    "notifications_retry_poisoned_rows_total",
+    "Due rows the claim could not read or lease, set aside (logged as item-quarantined).",
+)
+OUTCOME_COMMIT_DEFERRED = Counter(
+    "notifications_retry_outcome_commits_deferred_total",
+    "Commits of outcomes put off because the database was unreachable (the outcomes are kept).",
+)
 
 
 def start_exporter(port: int, addr: str = "127.0.0.1", registry: Any = REGISTRY) -> int:

@@ -7,6 +7,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from notifications_retry.channel_settings import ChannelSettings as ChannelSettings
+
 
 @dataclasses.dataclass(frozen=True)
 class OutgoingMessage:
@@ -27,17 +29,6 @@ class SendResult:
     """A delivered message; ``provider_message_id`` is what the provider calls it."""
 
     provider_message_id: str | None
-
-
-@dataclasses.dataclass(frozen=True)
-class ChannelSettings:
-    """The part of a ``ChannelConfig`` a provider needs, detached from the ORM."""
-
-    key: str
-    provider_key: str
-    timeout_seconds: float
-    max_concurrency: int
-    options: Mapping[str, Any]
 
 
 class Provider:

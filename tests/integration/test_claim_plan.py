@@ -69,7 +69,7 @@ def test_claim_uses_the_partial_due_index_and_never_scans_the_table(clock, fille
 
 def test_the_explained_text_is_the_one_claim_due_runs(clock, filled):
     # claim_due builds its statement with claim_query: the same text, so the EXPLAIN above is of it.
-    from notifications_retry import delivery
+    from notifications_retry.delivery import claim as delivery
 
     seen = []
     original = delivery.claim_query

@@ -228,13 +228,13 @@ def test_stop_request_finishes_records_in_hand_and_claims_no_more(clock):
     )
     due_records(clock, channel, 30)
     worker = Worker(clock=clock)
-    original = worker._send_async
+    original = worker.executor.send_async
 
     async def send_then_stop(rt, record):
         worker.stop()
         return await original(rt, record)
 
-    worker._send_async = send_then_stop
+    worker.executor.send_async = send_then_stop
     stats = worker.tick()
     worker.close()
     assert stats.stopped

@@ -267,7 +267,7 @@ def test_fixed_backoff_and_retry_after_floor(clock):
 
 
 def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_server):
-    from notifications_retry.engine.worker import QUEUE_ROUNDS
+    from notifications_retry.engine.channels import QUEUE_ROUNDS
     from tests.support.http_server import Reply
 
     webhook_server.responder = lambda r: Reply(429, headers={"Retry-After": "120"})

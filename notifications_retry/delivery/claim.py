@@ -1,0 +1,305 @@
+"""Claim: one short transaction that leases due rows (``FOR UPDATE SKIP LOCKED``) for sending.
+
+The attempt is counted and a lease (token + expiry) recorded, the status left as it is; the provider
+is then called with no transaction open. Rows whose budget is already spent or whose deadline passed
+are settled terminal in the same transaction, without a provider call (see :mod:`..outcomes`).
+
+A row the claim cannot read or lease (a value Python cannot hold, a state the triggers refuse) is
+set aside: the batch is claimed again row by row, and the offending row is reported and skipped from
+then on, so one poison row never stops the healthy rows beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DataError, IntegrityError, InternalError, connection, transaction
+
+from notifications_retry.delivery.finalize import apply_outcomes
+from notifications_retry.models import NotificationEntity
+from notifications_retry.outcomes import (
+    TERMINAL,
+    UNDECODABLE,
+    ClaimedRecord,
+    Failure,
+    Outcome,
+    attempt_budget,
+    before_send,
+)
+
+logger = logging.getLogger(__name__)
+
+_TABLE = NotificationEntity._meta.db_table
+
+#: What the claim cannot survive in one row but can isolate (not a lost connection: that is no row's fault).
+POISON_ERRORS = (DataError, IntegrityError, InternalError)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelClaim:
+    """How many rows of one channel to claim now, and for how long."""
+
+    channel_id: int
+    limit: int
+    lease_seconds: float
+
+
+@dataclasses.dataclass
+class ClaimBatch:
+    """Rows leased for sending, rows settled inside the claim, and rows set aside as poison."""
+
+    records: list[ClaimedRecord]
+    settled: list[Outcome]
+    #: True when due rows were left for the next claim on purpose (a recovered lease is claimed alone).
+    more: bool = False
+    #: Rows the claim could not read or lease, with the database's reason.
+    poisoned: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
+
+
+# Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
+# that far ahead is no deadline, one that far back has passed.
+_CLAIM_SELECT = f"""
+SELECT n.id, n.tenant_id, n.channel_id, n.recipient, n.payload, n.notification_type, n.priority,
+       n.status, n.attempts,
+       CASE WHEN n.expires_at IS NOT NULL THEN LEAST(GREATEST(n.expires_at,
+           '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END,
+       n.correlation_id, n.requeue_count, c.lease, n.claim_token IS NOT NULL AS recovered
+FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[]) AS c(channel_id, lim, lease)
+CROSS JOIN LATERAL (
+    SELECT t.* FROM {_TABLE} t
+    WHERE t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND t.due_at <= %(now)s
+          {{filters}}
+    ORDER BY t.due_at, t.priority
+    LIMIT c.lim
+    FOR UPDATE OF t SKIP LOCKED
+) n
+ORDER BY n.due_at, n.priority
+LIMIT %(total)s
+"""
+
+# Ids and lease lengths travel as comma-joined text: a psycopg array parameter is quoted element by
+# element in Python (a datetime costs more than its row's share of the statement).
+_CLAIM_UPDATE = f"""
+UPDATE {_TABLE} t
+SET attempts = t.attempts + 1, claim_token = %(token)s,
+    claim_expires_at = %(now)s + v.lease * interval '1 second', updated_at = %(now)s
+FROM unnest(string_to_array(%(ids)s, ',')::uuid[], string_to_array(%(leases)s, ',')::float8[])
+     AS v(id, lease)
+WHERE t.id = v.id
+"""
+
+
+def claim_query(
+    now: datetime,
+    plan: Sequence[ChannelClaim],
+    *,
+    total: int,
+    priorities: Sequence[int] | None = None,
+    skip: Collection[uuid.UUID] = (),
+    only: uuid.UUID | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks)."""
+    filters = []
+    if priorities:
+        filters.append("AND t.priority = ANY(%(priorities)s)")
+    if skip:
+        filters.append("AND t.id <> ALL(%(skip)s::uuid[])")
+    if only is not None:
+        filters.append("AND t.id = %(only)s")
+    params: dict[str, Any] = {
+        "channels": [p.channel_id for p in plan],
+        "limits": [p.limit for p in plan],
+        "leases": [float(p.lease_seconds) for p in plan],
+        "now": now,
+        "total": total,
+        "priorities": list(priorities or []),
+        "skip": [str(i) for i in skip],
+        "only": only,
+    }
+    return _CLAIM_SELECT.format(filters=" ".join(filters)), params
+
+
+Settle = Callable[[ClaimedRecord], Outcome | None]
+
+
+def claim_due(
+    now: datetime,
+    plan: Sequence[ChannelClaim],
+    *,
+    total: int,
+    budgets: Mapping[int, tuple[int, str]],
+    attempts_by_type: Mapping[str, int] | None = None,
+    priorities: Sequence[int] | None = None,
+    settle: Settle | None = None,
+    skip: Collection[uuid.UUID] = (),
+) -> ClaimBatch:
+    """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
+
+    ``budgets`` maps channel id to (max_attempts, key). ``settle`` may deliver a record on the spot:
+    it is called for each claimable record (its ``attempts`` already counting this attempt) and
+    returns an outcome, or None to lease the record. Only for providers that do no I/O
+    (``Provider.inline``): a settled record is finalized in this same short transaction, with no
+    lease, so a no-op drain writes each row once, not twice. If writing those outcomes fails, the
+    claim is redone without ``settle``, so the usual per-record finalize isolates the bad row.
+    ``skip`` lists rows set aside earlier as poison.
+    """
+    plan = [p for p in plan if p.limit > 0]
+    if not plan or total <= 0:
+        return ClaimBatch([], [])
+    claim = _Claim(now, budgets, attempts_by_type or {}, priorities, skip)
+    if settle is not None:
+        delivered = 0
+
+        def counted(record: ClaimedRecord) -> Outcome | None:
+            nonlocal delivered
+            outcome = settle(record)
+            delivered += outcome is not None
+            return outcome
+
+        try:
+            return claim.run(plan, total, counted)
+        except POISON_ERRORS:
+            if not delivered:
+                return claim.isolate(plan, total)
+            logger.warning(
+                "writing %d outcomes delivered inside their claim failed; claiming with leases",
+                delivered,
+                exc_info=True,
+            )
+    try:
+        return claim.run(plan, total, None)
+    except POISON_ERRORS:
+        return claim.isolate(plan, total)
+
+
+class _Claim:
+    """One claim's parameters and the rows it read."""
+
+    def __init__(
+        self,
+        now: datetime,
+        budgets: Mapping[int, tuple[int, str]],
+        by_type: Mapping[str, int],
+        priorities: Sequence[int] | None,
+        skip: Collection[uuid.UUID],
+    ) -> None:
+        self.now = now
+        self.budgets = budgets
+        self.by_type = by_type
+        self.priorities = priorities
+        self.skip = set(skip)
+
+    def run(
+        self, plan: Sequence[ChannelClaim], total: int, settle: Settle | None, only: uuid.UUID | None = None
+    ) -> ClaimBatch:
+        token = uuid.uuid4()
+        sql, params = claim_query(
+            self.now, plan, total=total, priorities=self.priorities, skip=self.skip, only=only
+        )
+        records: list[ClaimedRecord] = []
+        settled: list[Outcome] = []
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+            # A row whose lease expired was in flight when a worker died: maybe it killed the worker.
+            # Claim it alone, so a poison record cannot take healthy batch-mates down with it again.
+            recovered = [row for row in rows if row[-1]]
+            more = bool(recovered) and len(rows) > 1
+            if recovered:
+                rows = recovered[:1]
+            ids: list[str] = []
+            leases: list[str] = []
+            for row in rows:
+                record, lease, stop = self._record(row)
+                if stop is not None:
+                    settled.append(Outcome(record, TERMINAL, error_kind=stop.kind, error=stop.error))
+                    continue
+                record.attempts += 1
+                outcome = settle(record) if settle is not None else None
+                if outcome is not None:
+                    settled.append(outcome)
+                    continue
+                record.claim_token = token
+                record.lease_expires_at = self.now + timedelta(seconds=lease)
+                ids.append(str(record.id))
+                leases.append(repr(lease))
+                records.append(record)
+            if ids:
+                cursor.execute(
+                    _CLAIM_UPDATE,
+                    {"token": token, "now": self.now, "ids": ",".join(ids), "leases": ",".join(leases)},
+                )
+            if settled:
+                apply_outcomes(settled, self.now, guarded=False)
+        return ClaimBatch(records, settled, more)
+
+    def _record(self, row: Sequence[Any]) -> tuple[ClaimedRecord, float, Failure | None]:
+        """The claimed record of a row, its lease length, and what stops it before a send (if anything)."""
+        nid, tenant, channel_id, recipient, payload, ntype, priority, status, attempts = row[:9]
+        expires_at, correlation_id, requeue_count, lease = row[9:13]
+        # One undecodable payload (nested past Python's recursion limit) must not fail the claim
+        # of every row with it, tick after tick: it is settled as terminal instead.
+        undecodable = ""
+        try:
+            payload = _json(payload)
+        except (ValueError, RecursionError) as exc:
+            payload, undecodable = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        record = ClaimedRecord(
+            id=nid,
+            tenant_id=tenant,
+            channel_id=channel_id,
+            recipient=recipient,
+            payload=payload,
+            notification_type=ntype,
+            priority=priority,
+            status=status,
+            attempts=attempts,
+            expires_at=expires_at,
+            correlation_id=correlation_id,
+            requeue_count=requeue_count,
+            claim_token=None,
+        )
+        if undecodable:
+            stop = Failure(UNDECODABLE, f"payload cannot be decoded: {undecodable}", retriable=False)
+            return record, float(lease), stop
+        max_attempts, channel_key = self.budgets[channel_id]
+        budget = attempt_budget(max_attempts, channel_key, ntype, self.by_type)
+        return (
+            record,
+            float(lease),
+            before_send(attempts_done=attempts, budget=budget, expires_at=expires_at, now=self.now),
+        )
+
+    def isolate(self, plan: Sequence[ChannelClaim], total: int) -> ClaimBatch:
+        """The batch failed as a whole: claim its rows one by one and set aside those that fail alone."""
+        logger.warning("claim of a batch failed; claiming its rows one by one", exc_info=True)
+        with connection.cursor() as cursor:
+            sql, params = claim_query(self.now, plan, total=total, priorities=self.priorities, skip=self.skip)
+            # Ids only: reading the other columns is what may have failed.
+            unlocked = sql.replace("FOR UPDATE OF t SKIP LOCKED", "")
+            cursor.execute(f"SELECT id FROM ({unlocked}) AS due", params)
+            candidates = [row[0] for row in cursor.fetchall()]
+        batch = ClaimBatch([], [])
+        for nid in candidates:
+            try:
+                one = self.run(plan, 1, None, only=nid)
+            except POISON_ERRORS as exc:
+                batch.poisoned[nid] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+                self.skip.add(nid)
+                continue
+            batch.records += one.records
+            batch.settled += one.settled
+        return batch
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+__all__ = ["POISON_ERRORS", "ChannelClaim", "ClaimBatch", "claim_due", "claim_query"]

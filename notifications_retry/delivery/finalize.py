@@ -1,0 +1,251 @@
+"""Finalize: apply outcomes (and their outbox events) in one short transaction under the claim token.
+
+An outcome is applied only where the row's claim token still matches the one its claim recorded: a
+lease that expired and was taken over makes the late outcome stale, and it changes nothing. When the
+connection itself fails, the outcomes are not lost: :class:`CommitUnavailable` hands them back to the
+caller, who keeps them and tries again while their leases hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import pgtrigger
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+
+from notifications_retry import events
+from notifications_retry.models import (
+    CONTRACT_VERSION,
+    DISPATCHED_TOPIC,
+    ChannelConfig,
+    NotificationEntity,
+    Outbox,
+)
+from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 2000
+
+_TABLE = NotificationEntity._meta.db_table
+_OUTBOX = Outbox._meta.db_table
+_CHANNEL = ChannelConfig._meta.db_table
+
+
+@dataclasses.dataclass
+class FinalizeReport:
+    """Which outcomes were applied, which were stale (lease lost), which failed to commit."""
+
+    applied: list[Outcome] = dataclasses.field(default_factory=list)
+    stale: list[Outcome] = dataclasses.field(default_factory=list)
+    failed: list[Outcome] = dataclasses.field(default_factory=list)
+
+
+class CommitUnavailable(Exception):
+    """The database could not be reached: ``pending`` outcomes were not written; keep them and retry.
+
+    ``report`` holds what was committed before the connection went (one-by-one finalize).
+    """
+
+    def __init__(self, reason: str, pending: Sequence[Outcome], report: FinalizeReport | None = None) -> None:
+        super().__init__(reason)
+        self.pending = list(pending)
+        self.report = report or FinalizeReport()
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is gone (no row's fault), not that a row was refused."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if isinstance(exc, OperationalError):
+        return connection.connection is None or not connection.is_usable()
+    return False
+
+
+# Rows travel as one JSON document: psycopg escapes text arrays element by element in Python (a
+# regex per value), which cost more than the statement itself; json.dumps runs in C.
+_FINALIZE = f"""
+UPDATE {_TABLE} t
+SET status = v.status,
+    attempts = v.attempts,
+    next_attempt_at = v.next_attempt_at,
+    provider_message_id = COALESCE(v.provider_message_id, t.provider_message_id),
+    last_error = v.last_error,
+    error_kind = v.error_kind,
+    dead_lettered_at = v.dead_lettered_at,
+    dead_letter_reason = v.dead_letter_reason,
+    claim_token = NULL,
+    claim_expires_at = NULL,
+    updated_at = %(now)s,
+    attempt_log = t.attempt_log || jsonb_build_array(v.log_entry)
+FROM jsonb_to_recordset(%(rows)s::jsonb)
+     AS v(id uuid, token uuid, status text, attempts int, next_attempt_at timestamptz,
+          provider_message_id text, last_error text, error_kind text, dead_lettered_at timestamptz,
+          dead_letter_reason text, log_entry jsonb),
+     {_CHANNEL} c
+WHERE t.id = v.id AND (NOT %(guarded)s OR t.claim_token = v.token) AND c.id = t.channel_id
+RETURNING t.id, t.tenant_id, t.attempts, t.requeue_count, c.key
+"""
+
+_OUTBOX_INSERT = f"""
+INSERT INTO {_OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at, published_at)
+SELECT gen_random_uuid(), %(topic)s, v.key, %(version)s, v.generation, v.payload, %(now)s, NULL
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(key text, generation int, payload jsonb)
+"""
+
+
+def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list[Outcome]:
+    """Write outcomes (and their events) in the caller's transaction; returns those applied."""
+    at = now.isoformat()
+    sent_status, failed_status = NotificationEntity.Status.SENT.value, NotificationEntity.Status.FAILED.value
+    rows: list[dict[str, Any]] = []
+    for o in outcomes:
+        error = (o.error or "")[:MAX_ERROR_CHARS]
+        sent = o.result == SENT
+        terminal = o.result == TERMINAL
+        next_at = o.next_attempt_at if o.result == RETRY else None
+        rows.append(
+            {
+                "id": str(o.record.id),
+                "token": str(o.record.claim_token) if o.record.claim_token else None,
+                "status": sent_status if sent else failed_status,
+                # The claimed count: unchanged for a leased record, this attempt for one settled in its claim.
+                "attempts": o.record.attempts,
+                "next_attempt_at": next_at.isoformat() if next_at else None,
+                "provider_message_id": o.provider_message_id,
+                "last_error": error,
+                "error_kind": "" if sent else o.error_kind,
+                "dead_lettered_at": at if terminal else None,
+                "dead_letter_reason": f"{o.error_kind}: {error}" if terminal else "",
+                "log_entry": {
+                    "attempt": o.record.attempts,
+                    "at": at,
+                    "outcome": o.result,
+                    # Attempt numbers restart after a requeue: the generation tells the runs apart.
+                    "generation": o.record.requeue_count,
+                    "error_kind": o.error_kind or None,
+                    "error": error[:300] or None,
+                    "duration_ms": round(o.duration_ms, 1),
+                },
+            }
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
+        applied_rows = {row[0]: row for row in cursor.fetchall()}
+        applied = [o for o in outcomes if o.record.id in applied_rows]
+        with_events = [o for o in applied if o.emits_event]
+        if with_events:
+            event_rows: list[dict[str, Any]] = []
+            for o in with_events:
+                _, tenant, attempts, requeue_count, channel_key = applied_rows[o.record.id]
+                event_rows.append(
+                    {
+                        "key": str(o.record.id),
+                        "generation": requeue_count,
+                        "payload": events.dispatched_payload(
+                            notification_id=o.record.id,
+                            tenant_id=tenant,
+                            channel=channel_key,
+                            status=events.SENT if o.result == SENT else events.FAILED,
+                            attempts=attempts,
+                            provider_message_id=o.provider_message_id,
+                            error=(o.error or None) if o.result != SENT else None,
+                            error_kind=o.error_kind if o.result != SENT else None,
+                            occurred_at=now,
+                        ),
+                    }
+                )
+            cursor.execute(
+                _OUTBOX_INSERT,
+                {
+                    "topic": DISPATCHED_TOPIC,
+                    "version": CONTRACT_VERSION,
+                    "now": now,
+                    "rows": json.dumps(event_rows),
+                },
+            )
+    return applied
+
+
+def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
+    """Apply outcomes under their claim tokens, in bulk; one bad record never fails the others.
+
+    Raises :class:`CommitUnavailable` when the connection is lost: then nothing was applied.
+    """
+    outcomes = list(outcomes)
+    report = FinalizeReport()
+    if not outcomes:
+        return report
+    try:
+        with transaction.atomic():
+            applied = apply_outcomes(outcomes, now, guarded=True)
+        _sort(report, outcomes, applied)
+        return report
+    except DatabaseError as exc:
+        if connection_lost(exc):
+            _drop_connection()
+            raise CommitUnavailable(repr(exc), outcomes) from exc
+        logger.warning(
+            "bulk finalize of %d outcomes failed; finalizing one by one", len(outcomes), exc_info=True
+        )
+    for outcome in outcomes:
+        try:
+            with transaction.atomic():
+                applied = apply_outcomes([outcome], now, guarded=True)
+            _sort(report, [outcome], applied)
+        except DatabaseError as exc:
+            if connection_lost(exc):
+                _drop_connection()
+                # What was applied one by one so far is committed; hand back only the rest.
+                done = {o.record.id for o in (*report.applied, *report.stale, *report.failed)}
+                pending = [o for o in outcomes if o.record.id not in done]
+                raise CommitUnavailable(repr(exc), pending, report) from exc
+            logger.exception(
+                "finalize of notification %s failed; its lease will expire and it will be retried",
+                outcome.record.id,
+            )
+            report.failed.append(outcome)
+    return report
+
+
+_RELEASE = f"""
+UPDATE {_TABLE} t
+SET attempts = t.attempts - 1, claim_token = NULL, claim_expires_at = NULL
+FROM unnest(%s::uuid[], %s::uuid[]) AS v(id, token)
+WHERE t.id = v.id AND t.claim_token = v.token
+"""
+
+#: Giving back an attempt that never started is not a requeue: the only trigger it must pass by.
+_ATTEMPTS_TRIGGER = "notifications_retry.NotificationEntity:nr_attempts_monotonic"
+
+
+def release(records: Sequence[ClaimedRecord]) -> int:
+    """Give back leased records that were never sent (a graceful stop): as they were before the claim.
+
+    Their lease would otherwise strand them until it expires and spend an attempt no provider saw.
+    Returns how many rows were released (a lease already taken over is left alone).
+    """
+    records = [r for r in records if r.claim_token is not None]
+    if not records:
+        return 0
+    with transaction.atomic(), pgtrigger.ignore(_ATTEMPTS_TRIGGER), connection.cursor() as cursor:
+        # Positional parameters: pgtrigger.ignore prefixes the statement with its own.
+        cursor.execute(_RELEASE, [[r.id for r in records], [r.claim_token for r in records]])
+        return int(cursor.rowcount)
+
+
+def _drop_connection() -> None:
+    """Close a lost connection so that the next statement reconnects (outside any atomic block)."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+def _sort(report: FinalizeReport, outcomes: Sequence[Outcome], applied: Sequence[Outcome]) -> None:
+    applied_ids = {o.record.id for o in applied}
+    for o in outcomes:
+        (report.applied if o.record.id in applied_ids else report.stale).append(o)

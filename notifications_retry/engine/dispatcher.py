@@ -1,0 +1,362 @@
+"""The dispatcher: one tick's scheduling loop — claim what can start soon, start sends, hand outcomes on.
+
+Two threads share the work. The worker's thread (this loop) claims, runs inline providers, and
+commits outcomes through the :class:`~.completer.Completer`; the send loop's thread runs the provider
+calls. A finished call feeds its channel's flow control and starts the channel's next queued record
+itself, under one lock, so a slot never waits for the worker's thread while that thread claims or
+commits. Records a channel can no longer send (its circuit opened, the provider asked it to wait)
+are handed back to the worker's thread, which gives them back or reschedules them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from notifications_retry.conf import RetrySettings
+from notifications_retry.delivery import ChannelClaim, claim_due, release
+from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.engine.completer import Completer
+from notifications_retry.engine.executor import Executor
+from notifications_retry.engine.reporting import OutcomeReporter, TickStats
+from notifications_retry.engine.send_loop import SendLoop
+from notifications_retry.locks import AdvisoryLock
+from notifications_retry.observability import metrics
+from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
+
+log = structlog.get_logger("notifications_retry.worker")
+
+#: After the first finished call, wait this long for more before collecting: waking the worker's
+#: thread once per finished call cost a GIL hand-off per call and delayed the send loop.
+COLLECT_DELAY_SECONDS = 0.002
+#: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
+#: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
+LOCK_CHECK_SECONDS = 0.5
+
+
+class Finished:
+    """A call that ended: its outcome, and the channel's queued records it could no longer send."""
+
+    __slots__ = ("at", "outcome", "returned", "rt")
+
+    def __init__(
+        self, rt: ChannelRuntime, outcome: Outcome, returned: list[ClaimedRecord], at: float
+    ) -> None:
+        self.rt, self.outcome, self.returned, self.at = rt, outcome, returned, at
+
+
+class FlowFeedback:
+    """What an outcome tells its channel's flow control: throttling pauses it, failures may open its circuit.
+
+    Called under the dispatcher's lock from either thread; returns the queued records the channel
+    must not send now (they are given back or rescheduled by the worker's thread).
+    """
+
+    def __init__(self, conf: RetrySettings, monotonic: Callable[[], float], bound: Any) -> None:
+        self.conf = conf
+        self.monotonic = monotonic
+        self.bound = bound
+
+    def account(
+        self, rt: ChannelRuntime, outcome: Outcome, now_mono: float | None = None
+    ) -> list[ClaimedRecord]:
+        now_mono = self.monotonic() if now_mono is None else now_mono
+        if outcome.result == SENT:
+            rt.breaker.success()
+            return []
+        if throttles(outcome):
+            pause = outcome.retry_after or self.conf.THROTTLE_DEFAULT_SECONDS
+            rt.paused_until = max(rt.paused_until, now_mono + pause)
+            rt.breaker.neutral()
+            self.bound.warning(
+                "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)
+            )
+            return _take_queue(rt)
+        if not outcome.retriable:
+            rt.breaker.neutral()
+            return []
+        if rt.breaker.failure(now_mono) == rt.breaker.OPEN:
+            # Records claimed but not started keep their attempt budget through the cool-down: they
+            # are given back instead of being sent into an outage.
+            return _take_queue(rt)
+        return []
+
+
+def throttles(outcome: Outcome) -> bool:
+    """Whether the provider asked the whole channel to wait (else a failure counts for the circuit)."""
+    return outcome.error_kind == THROTTLED or bool(outcome.retriable and outcome.retry_after)
+
+
+def _take_queue(rt: ChannelRuntime) -> list[ClaimedRecord]:
+    taken = list(rt.queue)
+    rt.queue.clear()
+    return taken
+
+
+class Dispatcher:
+    """Runs one tick's loop over the lane's channels; state that outlives a tick is passed in."""
+
+    def __init__(
+        self,
+        *,
+        conf: RetrySettings,
+        executor: Executor,
+        completer: Completer,
+        reporter: OutcomeReporter,
+        send_loop: Callable[[], SendLoop],
+        monotonic: Callable[[], float],
+        stopping: Callable[[], bool],
+        lane_priorities: list[int] | None,
+    ) -> None:
+        self.conf = conf
+        self.executor = executor
+        self.completer = completer
+        self.reporter = reporter
+        self.send_loop = send_loop
+        self.monotonic = monotonic
+        self.stopping = stopping
+        self.lane_priorities = lane_priorities
+        self.lock = threading.Lock()
+        self.running = 0  # calls started and not yet handed back through ``done``
+        self.done: queue.SimpleQueue[Finished] = queue.SimpleQueue()
+        #: Rows the claim could not read or lease, skipped from then on (logged once each).
+        self.poisoned: set[Any] = set()
+        self.feedback = FlowFeedback(conf, monotonic, None)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(
+        self,
+        runtimes: dict[int, ChannelRuntime],
+        stats: TickStats,
+        *,
+        batch_size: int,
+        deadline: float,
+        lock: AdvisoryLock,
+        bound: Any,
+    ) -> None:
+        """Claim, send and commit until done, the batch is full, the deadline passed, or a stop was asked."""
+        self.feedback.bound = bound
+        completer = self.completer
+        claiming = True
+        remaining = batch_size
+        lock_checked_at, lock_ok = -LOCK_CHECK_SECONDS, False
+        chunk = max(1, min(self.conf.CLAIM_CHUNK_SIZE, batch_size))
+        while True:
+            now_mono = self.monotonic()
+            if claiming and (self.stopping() or now_mono >= deadline or remaining <= 0):
+                claiming = False
+                stats.stopped = self.stopping()
+                stats.deadline_reached = now_mono >= deadline
+            if self.stopping() and any(rt.queue for rt in runtimes.values()):
+                self._release_queued(runtimes, bound, "stop requested before they were sent")
+            if claiming:
+                plan = [
+                    ChannelClaim(cid, rt.capacity(now_mono, chunk), rt.lease_seconds(self.conf))
+                    for cid, rt in runtimes.items()
+                ]
+                plan = [p for p in plan if p.limit > 0]
+                if plan:
+                    if self.monotonic() - lock_checked_at >= LOCK_CHECK_SECONDS:
+                        lock_checked_at = self.monotonic()
+                        lock_ok = lock.still_held()
+                    if not lock_ok:
+                        stats.lock_lost = True
+                        bound.error("retry-cycle-lock-lost")
+                        claiming = False
+                    else:
+                        self._claim(plan, remaining, runtimes, stats, bound)
+                        remaining = batch_size - stats.claims
+            self._start(runtimes)
+            # Wait for finished calls no longer than the completer may hold an outcome back.
+            wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
+            # Batch completions, unless a rate-limited channel waits to start its next send: a start
+            # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
+            pacing = any(rt.queue and rt.limiter.limited for rt in runtimes.values())
+            self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
+            with self.lock:
+                queued = any(rt.queue for rt in runtimes.values())
+                idle = not self.running and self.done.empty() and not queued
+                calls = bool(self.running)
+            if completer.due(flush=idle or not claiming):
+                completer.commit(bound)
+            if idle:
+                if not claiming:
+                    break
+                if not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values()):
+                    break  # every channel is exhausted, paused or open-circuited for now
+            elif not calls and queued:
+                time.sleep(min(0.05, self._wait_time(runtimes), completer.wait_hint()))
+            if completer.unavailable and completer.pending:
+                completer.drop_expired(bound)
+
+    def finish_calls(self, bound: Any, timeout: float) -> None:
+        """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""
+        until = self.monotonic() + timeout
+        while self.running and self.monotonic() < until:
+            self.collect(min(0.05, max(0.0, until - self.monotonic())), 0.0, bound)
+        self.collect(0.0, 0.0, bound)
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    def _claim(
+        self,
+        plan: list[ChannelClaim],
+        remaining: int,
+        runtimes: dict[int, ChannelRuntime],
+        stats: TickStats,
+        bound: Any,
+    ) -> None:
+        budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
+        pending: list[Outcome] = []
+
+        def settle(record: ClaimedRecord) -> Outcome | None:
+            # Providers without I/O deliver inside the claim: one row write instead of lease + finalize.
+            rt = runtimes[record.channel_id]
+            if not rt.inline:
+                return None
+            if self.monotonic() < rt.paused_until:
+                return self._deferred(rt, record)
+            if rt.queue or not rt.can_start(self.monotonic()):
+                return None
+            return self._send_inline(rt, record, pending)
+
+        batch = claim_due(
+            self.executor.clock.now(),
+            plan,
+            total=remaining,
+            budgets=budgets,
+            attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
+            priorities=self.lane_priorities,
+            settle=settle,
+            skip=self.poisoned,
+        )
+        got: dict[int, int] = {}
+        with self.lock:
+            for record in batch.records:
+                runtimes[record.channel_id].queue.append(record)
+                got[record.channel_id] = got.get(record.channel_id, 0) + 1
+        stats.claims += len(batch.records) + len(batch.settled)
+        # Settled-in-claim rows were committed with the claim: account for them now.
+        for outcome in batch.settled:
+            got[outcome.record.channel_id] = got.get(outcome.record.channel_id, 0) + 1
+            self.reporter.record(outcome)
+        # Deferred or released records from inline sends that paused a channel (their rows were
+        # claimed in this same claim: they wait for the completer like any other outcome).
+        self.completer.add(o for o in pending if o.record.claim_token is not None)
+        for nid, reason in batch.poisoned.items():
+            self.poisoned.add(nid)
+            stats.poisoned += 1
+            metrics.POISONED.inc()
+            bound.error("item-quarantined", notification_id=str(nid), reason=reason)
+        if not batch.more and not batch.poisoned and len(batch.records) + len(batch.settled) < remaining:
+            for p in plan:
+                if got.get(p.channel_id, 0) < p.limit:
+                    runtimes[p.channel_id].exhausted = True
+
+    def _deferred(self, rt: ChannelRuntime, record: ClaimedRecord, at: float | None = None) -> Outcome:
+        """A claimed record of a throttled channel, rescheduled unsent for when the pause (as seen at
+        ``at``, the moment the channel was paused) ends."""
+        wait = max(0.0, rt.paused_until - (self.monotonic() if at is None else at))
+        failure = Failure(THROTTLED, "channel throttled by the provider; not sent", True, wait)
+        return self.executor.failed(rt, record, failure, self.monotonic())
+
+    def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
+        """Give back claimed records not started yet: only the calls in flight are finished."""
+        with self.lock:
+            queued = [record for rt in runtimes.values() for record in _take_queue(rt)]
+        bound.info("records-released", count=release(queued), reason=reason)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _start(self, runtimes: dict[int, ChannelRuntime]) -> None:
+        """Start what may start now: inline providers run right here, others on the send loop."""
+        for rt in runtimes.values():
+            if rt.inline:
+                outcomes: list[Outcome] = []
+                while rt.queue and rt.can_start(self.monotonic()):
+                    self._send_inline(rt, rt.queue.popleft(), outcomes)
+                self.completer.add(outcomes)
+                continue
+            started: list[ClaimedRecord] = []
+            with self.lock:
+                while rt.queue and rt.can_start(self.monotonic()):
+                    started.append(rt.queue.popleft())
+                    rt.begin(self.monotonic())
+                    rt.inflight += 1
+                    self.running += 1
+            if started:
+                self.send_loop().spawn(self._slot(rt, record) for record in started)
+
+    def _send_inline(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome:
+        """Send on this thread (an inline provider); its outcome and any records it defers go to ``out``."""
+        rt.begin(self.monotonic())
+        outcome = self.executor.send(rt, record)
+        with self.lock:
+            at = self.monotonic()
+            returned = self.feedback.account(rt, outcome, at)
+        out.append(outcome)
+        if returned and throttles(outcome):
+            out.extend(self._deferred(rt, r, at) for r in returned)
+        elif returned:
+            log.info(
+                "records-released", count=release(returned), reason="circuit opened before they were sent"
+            )
+        return outcome
+
+    async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
+        """One concurrency slot of a channel: send, then keep it busy with the channel's next record."""
+        while True:
+            outcome = await self.executor.send_async(rt, record)
+            with self.lock:
+                at = self.monotonic()
+                returned = self.feedback.account(rt, outcome, at)
+                self.running -= 1
+                self.done.put(Finished(rt, outcome, returned, at))
+                if not self.stopping() and rt.queue and rt.can_start(self.monotonic()):
+                    record = rt.queue.popleft()
+                    rt.begin(self.monotonic())
+                    self.running += 1
+                    continue
+                rt.inflight -= 1
+                return
+
+    def collect(self, timeout: float, batch_delay: float, bound: Any) -> None:
+        """Hand finished calls to the completer, waiting up to ``timeout`` for the first one."""
+        try:
+            first = self.done.get(timeout=timeout) if timeout > 0 else self.done.get_nowait()
+        except queue.Empty:
+            return
+        if timeout > 0 and batch_delay > 0:
+            time.sleep(batch_delay)
+        finished = [first]
+        while True:
+            try:
+                finished.append(self.done.get_nowait())
+            except queue.Empty:
+                break
+        outcomes: list[Outcome] = []
+        give_back: list[ClaimedRecord] = []
+        for item in finished:
+            outcomes.append(item.outcome)
+            if not item.returned:
+                continue
+            if throttles(item.outcome):
+                outcomes.extend(self._deferred(item.rt, r, item.at) for r in item.returned)
+            else:
+                give_back.extend(item.returned)
+        self.completer.add(outcomes)
+        if give_back:
+            bound.info(
+                "records-released", count=release(give_back), reason="circuit opened before they were sent"
+            )
+
+    def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
+        now_mono = self.monotonic()
+        waits = [rt.limiter.wait_time(now_mono) for rt in runtimes.values() if rt.queue]
+        return max(0.001, min([0.05, *[w for w in waits if w > 0]]))

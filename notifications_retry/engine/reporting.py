@@ -1,0 +1,127 @@
+"""What a tick did: its stats, and the metrics, log events and signal of each committed outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import structlog
+
+from notifications_retry.delivery import FinalizeReport
+from notifications_retry.lanes import DEFAULT_LANE
+from notifications_retry.observability import metrics
+from notifications_retry.observability.logging import redact
+from notifications_retry.outcomes import RETRY, SENT, Outcome
+from notifications_retry.signals import terminal_failure
+
+log = structlog.get_logger("notifications_retry.worker")
+
+
+@dataclasses.dataclass
+class TickStats:
+    """What one tick did."""
+
+    run_id: str
+    lane: str = DEFAULT_LANE
+    skipped: bool = False
+    #: Why the tick did not run (``skipped``), in words that are always true.
+    skip_reason: str = ""
+    #: The database error that ended the tick early, if one did.
+    error: str = ""
+    processed: int = 0
+    sent: int = 0
+    retried: int = 0
+    terminal: int = 0
+    stale: int = 0
+    finalize_failed: int = 0
+    channel_disabled: int = 0
+    claims: int = 0
+    poisoned: int = 0
+    lock_lost: bool = False
+    stopped: bool = False
+    deadline_reached: bool = False
+    duration_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class OutcomeReporter:
+    """Counts, logs and signals committed outcomes into the running tick's stats."""
+
+    def __init__(self, channel_keys: dict[int, str]) -> None:
+        self.channel_keys = channel_keys
+        self.stats: TickStats | None = None
+        self.bound: Any = log
+
+    def begin_tick(self, stats: TickStats, bound: Any) -> None:
+        self.stats, self.bound = stats, bound
+
+    def report(self, report: FinalizeReport) -> None:
+        """What a commit did: applied outcomes are recorded, stale ones logged."""
+        stats = self.stats
+        if stats is not None:
+            stats.stale += len(report.stale)
+            stats.finalize_failed += len(report.failed)
+        for outcome in report.applied:
+            self.record(outcome)
+        for outcome in report.stale:
+            self.bound.warning(
+                "item-stale",
+                notification_id=str(outcome.record.id),
+                reason="claim expired or taken over; outcome discarded",
+            )
+
+    def record(self, outcome: Outcome) -> None:
+        """Count, log and alert one committed outcome."""
+        record = outcome.record
+        channel = self.channel_keys.get(record.channel_id, str(record.channel_id))
+        stats, bound = self.stats, self.bound
+        context = dict(
+            notification_id=str(record.id),
+            channel=channel,
+            tenant_id=str(record.tenant_id) if record.tenant_id else None,
+            attempt=record.attempts,
+            duration_ms=round(outcome.duration_ms, 1),
+            correlation_id=record.correlation_id or None,
+        )
+        if outcome.delivered_by:
+            context["delivered_by"] = outcome.delivered_by
+        metrics.PROCESSED.labels(channel, outcome.result).inc()
+        if stats is not None:
+            stats.processed += 1
+        if outcome.result == SENT:
+            if stats is not None:
+                stats.sent += 1
+            metrics.SENT.labels(channel).inc()
+            bound.info("item-sent", outcome="sent", **context)
+        elif outcome.result == RETRY:
+            if stats is not None:
+                stats.retried += 1
+            metrics.RETRIED.labels(channel, outcome.error_kind).inc()
+            bound.info(
+                "item-retried",
+                outcome="retry",
+                error_kind=outcome.error_kind,
+                next_attempt_at=outcome.next_attempt_at.isoformat() if outcome.next_attempt_at else None,
+                **context,
+            )
+        else:
+            if stats is not None:
+                stats.terminal += 1
+            metrics.TERMINAL_FAILED.labels(channel, outcome.error_kind).inc()
+            bound.error(
+                "item-failed-terminal",
+                outcome="terminal",
+                error_kind=outcome.error_kind,
+                error=redact(outcome.error, record.recipient, record.payload)[:300],
+                **context,
+            )
+            terminal_failure.send(
+                sender=OutcomeReporter,
+                notification_id=record.id,
+                channel=channel,
+                error_kind=outcome.error_kind,
+                error=outcome.error,
+                attempts=record.attempts,
+            )

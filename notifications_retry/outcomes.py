@@ -1,0 +1,194 @@
+"""What happens to a record after an attempt: one pure :func:`decide`, and the records it decides on.
+
+The worker (after a provider call), the claim (a record whose budget is spent or whose deadline
+passed before its send), the dispatcher's hand-off API and cancel all go through :func:`decide`, so
+the rules "a permanent failure is terminal", "the last allowed attempt is terminal" and "a retry
+waits for the backoff and never less than the provider's Retry-After" live here and nowhere else.
+Nothing here touches the database, the clock or randomness: they are parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from notifications_retry.retry import BackoffPolicy, next_attempt_at
+
+SENT = "sent"
+RETRY = "retry"
+TERMINAL = "terminal"
+
+#: Error kinds the app assigns itself (providers add their own).
+EXHAUSTED = "attempts_exhausted"
+EXPIRED = "expired"
+UNDECODABLE = "undecodable_payload"
+CANCELLED = "cancelled"
+PROVIDER_CRASH = "provider_crash"
+TIMEOUT = "timeout"
+THROTTLED = "throttled"
+INVALID_RECIPIENT = "invalid_recipient"
+
+
+@dataclasses.dataclass
+class ClaimedRecord:
+    """A leased record, detached from the ORM; ``attempts`` already counts this attempt."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID | None
+    channel_id: int
+    recipient: Any
+    payload: Any
+    notification_type: str
+    priority: int
+    status: str
+    attempts: int
+    expires_at: datetime | None
+    correlation_id: str
+    requeue_count: int
+    claim_token: uuid.UUID | None
+    #: When the lease ends, by the worker's clock (``None``: settled inside its claim, no lease).
+    lease_expires_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why an attempt did not deliver: the error kind, its text, and whether trying again may help."""
+
+    kind: str
+    error: str
+    retriable: bool
+    #: Seconds the provider asked to wait (Retry-After), already clamped by the provider.
+    retry_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What :func:`decide` says: sent, retry at a time, or terminal with a reason."""
+
+    result: str
+    next_attempt_at: datetime | None = None
+    error_kind: str = ""
+    error: str = ""
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What happened to one claimed record, ready to be applied under its claim token."""
+
+    record: ClaimedRecord
+    result: str
+    provider_message_id: str | None = None
+    error_kind: str = ""
+    error: str = ""
+    next_attempt_at: datetime | None = None
+    duration_ms: float = 0.0
+    #: Seconds the provider asked to wait (Retry-After), and whether the failure was temporary.
+    retry_after: float | None = None
+    retriable: bool = False
+    #: The channel whose provider delivered it, when not the record's own (a failover).
+    delivered_by: str | None = None
+
+    @property
+    def emits_event(self) -> bool:
+        return self.result in (SENT, TERMINAL)
+
+
+def attempt_budget(
+    channel_max: int, channel_key: str, notification_type: str, by_type: Mapping[str, int]
+) -> int:
+    """Attempts allowed: ``ATTEMPTS_BY_TYPE["channel:type"]``, else ``["type"]``, else the channel's."""
+    if notification_type:
+        for key in (f"{channel_key}:{notification_type}", notification_type):
+            if key in by_type:
+                return int(by_type[key])
+    return channel_max
+
+
+def decide(
+    failure: Failure | None,
+    *,
+    attempts: int,
+    budget: int,
+    now: datetime,
+    policy: BackoffPolicy,
+    rng: random.Random,
+) -> Decision:
+    """The fate of a record whose attempt number ``attempts`` ended with ``failure`` (``None``: delivered).
+
+    A permanent failure is terminal; a temporary one is terminal once the budget is spent, else it
+    is retried after the backoff, never before the provider's Retry-After.
+    """
+    if failure is None:
+        return Decision(SENT)
+    if not failure.retriable or attempts >= budget:
+        return Decision(TERMINAL, error_kind=failure.kind, error=failure.error)
+    when = next_attempt_at(attempts, now, rng, policy, failure.retry_after)
+    return Decision(RETRY, next_attempt_at=when, error_kind=failure.kind, error=failure.error)
+
+
+def before_send(
+    *, attempts_done: int, budget: int, expires_at: datetime | None, now: datetime
+) -> Failure | None:
+    """What stops a due record before its next send, if anything.
+
+    ``attempts_done`` attempts were counted already: when that is the whole budget, the last one never
+    finished (its worker stopped or crashed during it). A deadline in the past means the message is
+    no longer wanted.
+    """
+    if attempts_done >= budget:
+        return Failure(
+            EXHAUSTED,
+            f"attempt budget of {budget} spent (the last attempt never finished: the worker stopped "
+            "or crashed during it)",
+            retriable=False,
+        )
+    if expires_at is not None and expires_at <= now:
+        return Failure(EXPIRED, f"deadline {expires_at.isoformat()} passed before sending", retriable=False)
+    return None
+
+
+def outcome_of(
+    record: ClaimedRecord,
+    decision: Decision,
+    *,
+    failure: Failure | None = None,
+    provider_message_id: str | None = None,
+    duration_ms: float = 0.0,
+    delivered_by: str | None = None,
+) -> Outcome:
+    """The outcome to apply for ``record`` once :func:`decide` has spoken."""
+    return Outcome(
+        record,
+        decision.result,
+        provider_message_id=provider_message_id,
+        error_kind=decision.error_kind,
+        error=decision.error,
+        next_attempt_at=decision.next_attempt_at,
+        duration_ms=duration_ms,
+        retry_after=failure.retry_after if failure else None,
+        retriable=failure.retriable if failure else False,
+        delivered_by=delivered_by,
+    )
+
+
+__all__ = [
+    "CANCELLED",
+    "EXHAUSTED",
+    "EXPIRED",
+    "RETRY",
+    "SENT",
+    "TERMINAL",
+    "UNDECODABLE",
+    "ClaimedRecord",
+    "Decision",
+    "Failure",
+    "Outcome",
+    "attempt_budget",
+    "before_send",
+    "decide",
+    "outcome_of",
+]

@@ -1,0 +1,135 @@
+"""The completer commits outcomes within a bounded delay and keeps them through a database outage."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+import structlog
+
+from notifications_retry.clock import ManualClock
+from notifications_retry.delivery import CommitUnavailable, FinalizeReport
+from notifications_retry.engine.completer import RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS, Completer
+from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
+
+
+class Mono:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def outcome(clock: ManualClock, lease_seconds: float = 30) -> Outcome:
+    record = ClaimedRecord(
+        id=uuid.uuid4(),
+        tenant_id=None,
+        channel_id=1,
+        recipient="a@example.com",
+        payload={},
+        notification_type="",
+        priority=0,
+        status="failed",
+        attempts=1,
+        expires_at=None,
+        correlation_id="",
+        requeue_count=0,
+        claim_token=uuid.uuid4(),
+        lease_expires_at=clock.now() + timedelta(seconds=lease_seconds),
+    )
+    return Outcome(record, SENT)
+
+
+class Database:
+    """A commit function that is up or down, recording what it was asked to commit."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.batches: list[list[Outcome]] = []
+
+    def __call__(self, batch, now):
+        if not self.up:
+            raise CommitUnavailable("connection refused", batch)
+        self.batches.append(list(batch))
+        return FinalizeReport(applied=list(batch))
+
+
+def make(clock, mono, db, reports, max_batch=3, max_delay=0.025):
+    return Completer(
+        clock=clock,
+        monotonic=mono,
+        on_report=reports.append,
+        max_batch=max_batch,
+        max_delay=max_delay,
+        commit=db,
+    )
+
+
+LOG = structlog.get_logger("test")
+
+
+def test_an_outcome_waits_at_most_the_delay():
+    clock, mono, db, reports = ManualClock(), Mono(), Database(), []
+    completer = make(clock, mono, db, reports)
+    completer.add([outcome(clock)])
+    assert not completer.due()
+    assert completer.wait_hint() == pytest.approx(0.025)
+    mono.now += 0.024
+    assert not completer.due()
+    mono.now += 0.001
+    assert completer.due()
+    completer.commit(LOG)
+    assert [len(b) for b in db.batches] == [1] and completer.pending == 0
+    assert reports[0].applied
+
+
+def test_a_full_batch_commits_without_waiting_and_the_rest_waits_its_turn():
+    clock, mono, db, reports = ManualClock(), Mono(), Database(), []
+    completer = make(clock, mono, db, reports, max_batch=3)
+    completer.add([outcome(clock) for _ in range(5)])
+    assert completer.due()
+    completer.commit(LOG)
+    assert [len(b) for b in db.batches] == [3] and completer.pending == 2
+    assert not completer.due()  # the remainder starts a new delay
+    assert completer.due(flush=True)
+
+
+def test_an_outage_keeps_the_outcomes_and_retries_with_backoff():
+    clock, mono, db, reports = ManualClock(), Mono(), Database(), []
+    completer = make(clock, mono, db, reports)
+    kept = [outcome(clock) for _ in range(2)]
+    completer.add(kept)
+    db.up = False
+    completer.commit(LOG)
+    assert completer.pending == 2 and completer.unavailable
+    assert not completer.due(flush=True), "backing off"
+    assert completer.wait_hint() == pytest.approx(RETRY_FIRST_SECONDS)
+    mono.now += RETRY_FIRST_SECONDS
+    completer.commit(LOG)  # still down: the backoff doubles, up to its cap
+    assert completer.wait_hint() == pytest.approx(2 * RETRY_FIRST_SECONDS)
+    for _ in range(10):
+        mono.now += completer.wait_hint()
+        completer.commit(LOG)
+    assert completer.wait_hint() == pytest.approx(RETRY_MAX_SECONDS)
+    db.up = True
+    mono.now += RETRY_MAX_SECONDS
+    assert completer.due(flush=True)
+    completer.commit(LOG)
+    assert db.batches == [kept] and completer.pending == 0 and not completer.unavailable
+
+
+def test_outcomes_whose_lease_ran_out_during_an_outage_are_dropped():
+    clock, mono, db, reports = ManualClock(), Mono(), Database(), []
+    completer = make(clock, mono, db, reports)
+    short, long = outcome(clock, lease_seconds=5), outcome(clock, lease_seconds=60)
+    completer.add([short, long])
+    db.up = False
+    completer.commit(LOG)
+    clock.advance(10)
+    completer.drop_expired(LOG)
+    db.up = True
+    mono.now += 1
+    completer.commit(LOG)
+    assert db.batches == [[long]]

@@ -1,0 +1,138 @@
+"""How many records a channel claims and when a send may start: its share, queue, rate and circuit."""
+
+from __future__ import annotations
+
+from notifications_retry.conf import get_settings
+from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECONDS, ChannelRuntime
+from notifications_retry.engine.dispatcher import FlowFeedback
+from notifications_retry.models import ChannelConfig
+from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
+from notifications_retry.providers.webhook import WebhookProvider
+
+CHUNK = 100
+
+
+def runtime(max_concurrency=4, rate=None, timeout=5.0) -> ChannelRuntime:
+    config = ChannelConfig(
+        key="hooks",
+        provider_key="webhook",
+        max_concurrency=max_concurrency,
+        rate_limit_per_second=rate,
+        timeout_seconds=timeout,
+        options={"url": "https://hooks.example.com/in"},
+    )
+    return ChannelRuntime(
+        config,
+        WebhookProvider(config.settings()),
+        get_settings(),
+        max_concurrency=max_concurrency,
+        rate_limit=rate,
+    )
+
+
+def record(n: int = 0) -> ClaimedRecord:
+    import uuid
+
+    return ClaimedRecord(
+        id=uuid.uuid4(),
+        tenant_id=None,
+        channel_id=1,
+        recipient="r",
+        payload={},
+        notification_type="",
+        priority=0,
+        status="failed",
+        attempts=1,
+        expires_at=None,
+        correlation_id="",
+        requeue_count=0,
+        claim_token=uuid.uuid4(),
+    )
+
+
+def test_a_channel_claims_its_calls_plus_one_round_behind_them():
+    rt = runtime(max_concurrency=4)
+    assert rt.capacity(0.0, CHUNK) == (QUEUE_ROUNDS + 1) * 4
+    rt.inflight = 4
+    assert rt.capacity(0.0, CHUNK) == QUEUE_ROUNDS * 4
+
+
+def test_a_half_full_queue_is_not_topped_up_row_by_row():
+    rt = runtime(max_concurrency=4)
+    rt.inflight = 4
+    rt.queue.extend(record() for _ in range(3))
+    assert rt.capacity(0.0, CHUNK) == 0
+    rt.queue.pop()
+    rt.queue.pop()
+    assert rt.capacity(0.0, CHUNK) == QUEUE_ROUNDS * 4 - 1
+
+
+def test_a_rate_limited_channel_claims_only_what_it_can_start_within_the_horizon():
+    rt = runtime(max_concurrency=50, rate=20.0)
+    assert rt.capacity(0.0, CHUNK) == int(RATE_HORIZON_SECONDS * 20) + 1
+    rt.begin(0.0)
+    assert not rt.can_start(0.01) and rt.can_start(0.05)
+
+
+def test_concurrency_bounds_starts():
+    rt = runtime(max_concurrency=2)
+    rt.inflight = 2
+    assert not rt.can_start(0.0)
+    rt.inflight = 1
+    assert rt.can_start(0.0)
+
+
+def test_lease_covers_the_round_ahead_and_the_call_plus_grace():
+    rt = runtime(timeout=5.0)
+    grace = get_settings().LEASE_GRACE_SECONDS
+    assert rt.lease_seconds(get_settings()) == (QUEUE_ROUNDS + 1) * 5.0 + RATE_HORIZON_SECONDS + grace
+
+
+class Mono:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Log:
+    def warning(self, *a, **k):
+        pass
+
+
+def test_throttling_pauses_the_channel_and_hands_back_its_queue():
+    mono = Mono()
+    rt = runtime()
+    rt.queue.extend(record() for _ in range(3))
+    feedback = FlowFeedback(get_settings(), mono, Log())
+    returned = feedback.account(
+        rt, Outcome(record(), RETRY, error_kind="throttled", retriable=True, retry_after=30)
+    )
+    assert len(returned) == 3 and not rt.queue
+    assert rt.paused_until == 40.0 and rt.capacity(39.9, CHUNK) == 0 and not rt.can_start(39.9)
+    assert rt.capacity(40.0, CHUNK) > 0
+
+
+def test_consecutive_failures_open_the_circuit_and_hand_back_the_queue():
+    mono = Mono()
+    conf = get_settings()
+    rt = runtime()
+    feedback = FlowFeedback(conf, mono, Log())
+    failure = Outcome(record(), RETRY, error_kind="timeout", retriable=True)
+    for _ in range(conf.CIRCUIT_FAILURE_THRESHOLD - 1):
+        assert feedback.account(rt, failure) == []
+    rt.queue.extend(record() for _ in range(2))
+    assert len(feedback.account(rt, failure)) == 2
+    assert rt.breaker.is_open and rt.capacity(mono.now, CHUNK) == 0
+    # After the cool-down a single probe may be claimed.
+    assert rt.capacity(mono.now + conf.CIRCUIT_COOLDOWN_SECONDS, CHUNK) == 1
+
+
+def test_successes_and_permanent_failures_leave_the_queue_alone():
+    rt = runtime()
+    rt.queue.append(record())
+    feedback = FlowFeedback(get_settings(), Mono(), Log())
+    assert feedback.account(rt, Outcome(record(), SENT)) == []
+    assert feedback.account(rt, Outcome(record(), TERMINAL, error_kind="bad_request")) == []
+    assert len(rt.queue) == 1 and not rt.breaker.is_open

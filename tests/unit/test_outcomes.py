@@ -1,0 +1,96 @@
+"""decide(): the one rule for sent / retry at / terminal, with the clock and randomness passed in."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from notifications_retry.outcomes import (
+    EXHAUSTED,
+    EXPIRED,
+    RETRY,
+    SENT,
+    TERMINAL,
+    Failure,
+    before_send,
+    decide,
+)
+from notifications_retry.retry import BackoffPolicy
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+FIXED_60 = BackoffPolicy(kind="fixed", base_seconds=60, cap_seconds=3600, jitter_ratio=0)
+
+
+def run(failure: Failure | None, attempts: int = 1, budget: int = 3, policy: BackoffPolicy = FIXED_60):
+    return decide(failure, attempts=attempts, budget=budget, now=NOW, policy=policy, rng=random.Random(7))
+
+
+def test_no_failure_is_sent():
+    decision = run(None)
+    assert decision.result == SENT and decision.next_attempt_at is None and decision.error_kind == ""
+
+
+def test_a_permanent_failure_is_terminal_at_once_whatever_the_budget():
+    decision = run(Failure("bad_request", "HTTP 400", retriable=False), attempts=1, budget=10)
+    assert (decision.result, decision.error_kind, decision.error) == (TERMINAL, "bad_request", "HTTP 400")
+    assert decision.next_attempt_at is None
+
+
+def test_a_temporary_failure_is_retried_after_the_backoff():
+    decision = run(Failure("timeout", "no answer", retriable=True), attempts=1, budget=3)
+    assert decision.result == RETRY
+    assert decision.next_attempt_at == NOW + timedelta(seconds=60)
+    assert decision.error_kind == "timeout"
+
+
+def test_the_last_allowed_attempt_is_terminal_even_when_temporary():
+    assert run(Failure("timeout", "", True), attempts=3, budget=3).result == TERMINAL
+    assert run(Failure("timeout", "", True), attempts=2, budget=3).result == RETRY
+
+
+def test_retry_after_is_a_floor_never_a_ceiling():
+    later = run(Failure("throttled", "", True, retry_after=600), attempts=1)
+    assert later.next_attempt_at == NOW + timedelta(seconds=600)
+    shorter = run(Failure("throttled", "", True, retry_after=5), attempts=1)
+    assert shorter.next_attempt_at == NOW + timedelta(seconds=60)
+
+
+def test_exponential_backoff_grows_with_the_attempt_number_up_to_the_cap():
+    policy = BackoffPolicy(kind="exponential", base_seconds=10, cap_seconds=35, jitter_ratio=0)
+    waits = [
+        (
+            run(Failure("x", "", True), attempts=n, budget=10, policy=policy).next_attempt_at - NOW
+        ).total_seconds()
+        for n in (1, 2, 3, 4)
+    ]
+    assert waits == [10, 20, 35, 35]
+
+
+def test_jitter_comes_from_the_rng_passed_in():
+    policy = BackoffPolicy(kind="fixed", base_seconds=100, cap_seconds=1000, jitter_ratio=0.1)
+    first = decide(Failure("x", "", True), attempts=1, budget=3, now=NOW, policy=policy, rng=random.Random(1))
+    again = decide(Failure("x", "", True), attempts=1, budget=3, now=NOW, policy=policy, rng=random.Random(1))
+    assert first == again
+    assert NOW + timedelta(seconds=90) <= first.next_attempt_at <= NOW + timedelta(seconds=110)
+
+
+@pytest.mark.parametrize(
+    ("attempts_done", "expires_at", "kind"),
+    [
+        (3, None, EXHAUSTED),  # the last attempt never finished
+        (1, NOW, EXPIRED),  # a deadline equal to now has passed
+        (1, NOW - timedelta(seconds=1), EXPIRED),
+        (3, NOW - timedelta(seconds=1), EXHAUSTED),  # the budget is checked first
+    ],
+)
+def test_before_send_stops_spent_or_expired_records(attempts_done, expires_at, kind):
+    failure = before_send(attempts_done=attempts_done, budget=3, expires_at=expires_at, now=NOW)
+    assert failure is not None and failure.kind == kind and not failure.retriable
+    assert run(failure, attempts=attempts_done).result == TERMINAL
+
+
+def test_before_send_lets_a_sendable_record_through():
+    assert before_send(attempts_done=2, budget=3, expires_at=NOW + timedelta(seconds=1), now=NOW) is None
+    assert before_send(attempts_done=0, budget=1, expires_at=None, now=NOW) is None
