@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from notifications_retry.admin_views import backlog_chart, format_age
+from notifications_retry.admin import backlog_chart, format_age
 from notifications_retry.events import dispatched_event
 from notifications_retry.models import (
     BacklogSample,
