@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from notifications_retry.models import ChannelConfig
 from notifications_retry.url_policy import webhook_url_problems
 
-from .display import fragment
+from .display import format_age, fragment
 
 if TYPE_CHECKING:
     ChannelAdminBase = admin.ModelAdmin[ChannelConfig]
@@ -97,20 +97,9 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
 @admin.register(ChannelConfig)
 class ChannelConfigAdmin(ChannelAdminBase):
     form = ChannelConfigForm
-    list_display = (
-        "key",
-        "is_enabled",
-        "provider_key",
-        "max_attempts",
-        "retry_backoff",
-        "backoff_base_seconds",
-        "backoff_cap_seconds",
-        "timeout_seconds",
-        "rate_limit_per_second",
-        "max_concurrency",
-        "secret_display",
-        "health",
-    )
+    # Whether each channel can send comes second, so a broken one shows on a 1,440 px screen; the limits
+    # are summarised in two columns (each field is on the edit page).
+    list_display = ("key", "health", "is_enabled", "provider_key", "retries", "limits", "secret_display")
     list_display_links = ("key",)
     list_editable = ("is_enabled",)
     list_filter = ("is_enabled", "provider_key", "retry_backoff")
@@ -130,6 +119,17 @@ class ChannelConfigAdmin(ChannelAdminBase):
 
     class Media:
         css = {"all": ("notifications_retry/admin.css",)}
+
+    @admin.display(description="retries", ordering="max_attempts")
+    def retries(self, obj: ChannelConfig) -> str:
+        base, cap = format_age(obj.backoff_base_seconds), format_age(obj.backoff_cap_seconds)
+        delays = base if obj.retry_backoff == ChannelConfig.Backoff.FIXED else f"{base} to {cap}"
+        return f"{obj.max_attempts} attempts, {obj.get_retry_backoff_display().lower()} {delays}"
+
+    @admin.display(description="limits")
+    def limits(self, obj: ChannelConfig) -> str:
+        rate = f"{obj.rate_limit_per_second:g}/s" if obj.rate_limit_per_second else "no rate limit"
+        return f"timeout {obj.timeout_seconds:g}s, {rate}, {obj.max_concurrency} at once"
 
     @admin.display(description="secret")
     def secret_display(self, obj: ChannelConfig) -> str:

@@ -16,7 +16,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat
 from notifications_retry.observability import health
 
-from .chart import backlog_chart
+from .chart import DEFAULT_RANGE, RANGES, axis_start, backlog_chart
 from .display import format_age
 
 if TYPE_CHECKING:
@@ -28,8 +28,11 @@ def _changelist(**params: Any) -> str:
     return f"{base}?{urlencode(params)}" if params else base
 
 
-def dashboard_context(now: datetime) -> dict[str, Any]:
-    """The dashboard's figures at ``now`` (separate from the view so tests can call it)."""
+def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[str, Any]:
+    """The dashboard's figures at ``now``, the chart over ``chart_range`` (a key of ``RANGES``).
+
+    Separate from the view so tests can call it.
+    """
     conf = get_settings()
     channel_ids = dict(ChannelConfig.objects.values_list("key", "pk"))
     breakdown = health.status_breakdown(now)
@@ -75,7 +78,10 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
         item["url"] = _changelist(
             dead_letter="yes", error_kind=item["error_kind"], dead_lettered_at__from=since_param
         )
-    samples = list(BacklogSample.objects.filter(taken_at__gte=since, taken_at__lte=now).order_by("taken_at"))
+    span, range_words = RANGES[chart_range]
+    samples = list(
+        BacklogSample.objects.filter(taken_at__gte=now - span, taken_at__lte=now).order_by("taken_at")
+    )
     heartbeats = []
     for beat in WorkerHeartbeat.objects.order_by("lane"):
         last = beat.last_tick_completed_at or beat.last_tick_started_at
@@ -117,7 +123,10 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
         },
         "terminal": terminal,
         "terminal_total": sum(item["count"] for item in terminal),
-        "chart": backlog_chart(samples, since, now),
+        "chart": backlog_chart(samples, axis_start(samples, now - span, now), now),
+        "chart_range": chart_range,
+        "chart_range_words": range_words,
+        "chart_ranges": [{"key": key, "url": f"?{urlencode({'range': key})}"} for key in RANGES],
         "heartbeats": heartbeats,
         "channels": channels,
         "backlog_alert": backlog.failed_backlog > 1000,
@@ -125,12 +134,19 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
 
 
 def dashboard_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> TemplateResponse:
-    """The queue health page; the caller has checked the view permission."""
+    """The queue health page; the caller has checked the view permission.
+
+    ``?range=`` picks the chart's range; an unknown value is named on the page, which shows the default.
+    """
     now = default_clock(get_settings().CLOCK).now()
+    asked = request.GET.get("range", DEFAULT_RANGE)
+    chart_range = asked if asked in RANGES else DEFAULT_RANGE
+    problem = "" if asked in RANGES else f"Unknown range {asked!r}: pick one of {', '.join(RANGES)}."
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Queue health",
         "opts": model_admin.opts,
-        **dashboard_context(now),
+        "range_error": problem,
+        **dashboard_context(now, chart_range),
     }
     return TemplateResponse(request, "notifications_retry/admin/dashboard.html", context)
