@@ -175,7 +175,9 @@ def test_detail_page_title_says_what_its_badge_says(
     assert title is not None and title.group(1).startswith(f"{words}: {row.pk} on {row.channel.key} |")
     assert f"<h2>{words}: {row.pk}" in html
     assert f">{words.lower()}</span>" in html  # the badge
-    assert "(failed)" not in title.group(1)
+    breadcrumbs = re.search(r'<div class="breadcrumbs">(.*?)</div>', html, re.S)
+    assert breadcrumbs is not None and f"{words}: {row.pk}" in breadcrumbs.group(1)
+    assert "(failed)" not in title.group(1) + breadcrumbs.group(1)
 
 
 def test_channel_list_shows_a_broken_channel_next_to_its_key(admin_client: Client) -> None:
