@@ -20,9 +20,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .channel_settings import ChannelSettings
+from .outcomes import CANCELLED
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 CONTRACT_VERSION = 1
+#: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
+CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (outcomes.py)
 
 
 def check_constraint(condition: Q, name: str) -> models.CheckConstraint:
@@ -131,6 +134,17 @@ class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
     def failed_backlog(self) -> NotificationQuerySet:
         """Failed rows still waiting for a retry (not dead letters)."""
         return self.filter(status=NotificationEntity.Status.FAILED, dead_lettered_at__isnull=True)
+
+    # The triage rules, in one place: the admin (offers, confirmation counts) and the triage service
+    # (which refuses the rest) both ask these.
+
+    def requeueable(self, now: Any) -> NotificationQuerySet:
+        """Dead letters a requeue may send again: not cancelled by the application, deadline not passed."""
+        return self.dead_letters().exclude(error_kind=CANCELLED_ERROR_KIND).exclude(expires_at__lte=now)
+
+    def discardable(self) -> NotificationQuerySet:
+        """Dead letters not discarded yet."""
+        return self.dead_letters().exclude(resolution=NotificationEntity.Resolution.DISCARDED)
 
 
 # Kept in one place: the due-time rule the claim index and the trigger agree on.

@@ -12,10 +12,15 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from notifications_retry.models import DeadLetterAction, NotificationEntity
+from notifications_retry.models import (
+    CANCELLED_ERROR_KIND,
+    DeadLetterAction,
+    NotificationEntity,
+    NotificationQuerySet,
+)
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
-CANCELLED = "cancelled"
+CANCELLED = CANCELLED_ERROR_KIND
 
 
 @dataclasses.dataclass
@@ -33,14 +38,27 @@ def _locked(ids: Iterable[uuid.UUID | str]) -> tuple[list[NotificationEntity], s
     return rows, missing
 
 
+def _allowed(rows: list[NotificationEntity], eligible: NotificationQuerySet) -> set[uuid.UUID]:
+    """Which of the locked ``rows`` the eligibility QuerySet (the rule the admin shows too) lets through."""
+    return set(eligible.filter(pk__in=[r.pk for r in rows]).values_list("pk", flat=True))
+
+
 def _requeue_refusal(row: NotificationEntity, now: datetime) -> str:
+    """Why ``requeueable()`` left ``row`` out, in the operator's words (the QuerySet decides)."""
     if row.dead_lettered_at is None:
         return f"not a dead letter (status {row.status})"
     if row.error_kind == CANCELLED:
         return "cancelled by the application: requeuing would send what it withdrew"
     if row.expires_at is not None and row.expires_at <= now:
         return f"its deadline {row.expires_at.isoformat()} has passed: it would only expire again"
-    return ""
+    return "not eligible for a requeue"
+
+
+def _discard_refusal(row: NotificationEntity) -> str:
+    """Why ``discardable()`` left ``row`` out, in the operator's words."""
+    if row.dead_lettered_at is None:
+        return f"not a dead letter (status {row.status})"
+    return "already discarded"
 
 
 def requeue(
@@ -53,10 +71,10 @@ def requeue(
         rows, missing = _locked(ids)
         for pk in missing:
             result.refused[uuid.UUID(pk)] = "no such notification"
+        allowed = _allowed(rows, NotificationEntity.objects.requeueable(now))
         for row in rows:
-            refusal = _requeue_refusal(row, now)
-            if refusal:
-                result.refused[row.pk] = refusal
+            if row.pk not in allowed:
+                result.refused[row.pk] = _requeue_refusal(row, now)
                 continue
             # The audit row goes first: the database refuses a requeue without it (nr_requeue_audited).
             DeadLetterAction.objects.create(
@@ -91,12 +109,10 @@ def discard(
         rows, missing = _locked(ids)
         for pk in missing:
             result.refused[uuid.UUID(pk)] = "no such notification"
+        allowed = _allowed(rows, NotificationEntity.objects.discardable())
         for row in rows:
-            if row.dead_lettered_at is None:
-                result.refused[row.pk] = f"not a dead letter (status {row.status})"
-                continue
-            if row.resolution == NotificationEntity.Resolution.DISCARDED:
-                result.refused[row.pk] = "already discarded"
+            if row.pk not in allowed:
+                result.refused[row.pk] = _discard_refusal(row)
                 continue
             DeadLetterAction.objects.create(
                 notification=row,

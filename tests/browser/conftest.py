@@ -39,9 +39,13 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
+#: The screen the admin must fit: a common laptop / office monitor width, both admin sidebars open.
+SCREEN = {"width": 1440, "height": 900}
+
+
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1600, "height": 900}, locale="en-US")
+    context = browser.new_context(viewport=SCREEN, locale="en-US")
     context.set_default_timeout(15_000)
     tab = context.new_page()
     yield tab
@@ -55,7 +59,7 @@ def screenshot_dir(tmp_path: Path) -> Path:
     Every run takes the screenshots; only a deliberate update (or a first run) rewrites the committed ones,
     so a test run does not leave modified images in the working tree.
     """
-    names = ("admin-dashboard.png", "admin-list.png", "admin-detail.png")
+    names = ("admin-dashboard.png", "admin-list.png", "admin-detail.png", "admin-channels.png")
     if os.environ.get("NR_UPDATE_SCREENSHOTS") == "1" or not all((DOCS_IMG / n).exists() for n in names):
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         return DOCS_IMG

@@ -89,14 +89,17 @@ def seed() -> dict[str, Any]:
         )
     for _ in range(6):
         NotificationFactory(channel=email, status="sent", provider_message_id=f"pm-{uuid.uuid4().hex[:10]}")
-    for i in range(0, 24 * 60, 15):
-        wave = max(0, 40 - abs(i - 600) // 10)
-        BacklogSample.objects.create(
+    BacklogSample.objects.bulk_create(
+        BacklogSample(
             taken_at=now - timedelta(minutes=24 * 60 - i),
-            due_backlog=wave + 4,
-            failed_backlog=wave // 2 + 4,
+            due_backlog=max(0, 40 - abs(i - 600) // 10) + 4,
+            failed_backlog=max(0, 40 - abs(i - 600) // 10) // 2 + 4,
             dead_letters_unresolved=3 if i > 1200 else 1,
         )
+        for i in range(0, 24 * 60, 15)
+    )
+    # A channel that cannot send (a webhook without its URL): the channel list must show it at a glance.
+    ChannelFactory(key="partner_hook", provider_key="webhook", max_attempts=3, options={})
     WorkerHeartbeat.objects.create(lane="default", hostname="worker-1", pid=4242, last_tick_completed_at=now)
     User.objects.create_superuser("operator", "operator@example.com", PASSWORD)
     return {"dead": dead}
@@ -118,7 +121,6 @@ def test_triage_flow_dashboard_filter_requeue(live_server: Any, page: Any, scree
 
     page.goto(f"{base}/admin/notifications_retry/notificationentity/dashboard/")
     assert page.locator("h1").inner_text() == "Queue health"
-    page.click("#toggle-nav-sidebar")  # collapsed (kept in localStorage): room for every list column
     assert page.locator("#nr-card-dead .nr-card-value").inner_text() == "3"
     assert page.locator("#nr-card-due .nr-card-value").inner_text() == "4"
     assert page.locator("svg.nr-chart polyline").count() == 3
@@ -136,6 +138,8 @@ def test_triage_flow_dashboard_filter_requeue(live_server: Any, page: Any, scree
     page.click(f"#result_list a[href*='{target.pk}']")
     page.wait_for_url(re.compile(str(target.pk)))
     assert "endpoint gone" in page.locator(".field-last_error_display").inner_text()
+    assert page.title().startswith(f"Dead letter: {target.pk} on webhook |")  # as its badge says
+    assert page.locator(".field-status_badge .nr-badge").inner_text() == "dead letter"
     assert "order_shipped" in page.locator(".field-payload_display").inner_text()
     page.screenshot(path=str(screenshot_dir / "admin-detail.png"), full_page=True)
     page.go_back()

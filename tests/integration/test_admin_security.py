@@ -52,8 +52,11 @@ def test_actions_without_their_permission_are_403(perms: tuple[str, ...], action
 
 
 def test_actions_are_not_offered_without_permission() -> None:
-    dead_letter()
-    html = staff("view_notificationentity").get(reverse(CHANGELIST)).content.decode()
+    row = dead_letter()
+    response = staff("view_notificationentity").get(reverse(CHANGELIST))
+    assert response.status_code == 200  # the list answered: the absence below means something
+    html = response.content.decode()
+    assert str(row.pk)[:8] in html
     assert "requeue_selected" not in html and "discard_selected" not in html
 
 
@@ -67,6 +70,7 @@ def test_detail_triage_urls_without_permission_are_403(operation: str) -> None:
     assert client.post(url, {"reason": "x", "confirm": "yes"}).status_code == 403
     assert_untouched(row, before)
     page = client.get(reverse("admin:notifications_retry_notificationentity_change", args=[row.pk]))
+    assert page.status_code == 200
     assert url not in page.content.decode()
 
 
@@ -202,11 +206,23 @@ def test_script_in_errors_and_payloads_is_escaped_everywhere(admin_client: Clien
         reverse("admin:notifications_retry_deadletteraction_changelist"),
     ]
     confirmation = action(admin_client, "discard_selected", [row.pk])
+    assert confirmation.status_code == 200
     for url in pages:
         response = admin_client.get(url)
         assert response.status_code == 200, url
         html = response.content.decode()
         assert "<script>alert" not in html, url
     assert "<script>alert" not in confirmation.content.decode()
-    detail = admin_client.get(pages[2]).content.decode()
-    assert "&lt;script&gt;alert(&quot;xss&quot;)&lt;/script&gt;" in detail
+    detail = admin_client.get(pages[2])
+    assert detail.status_code == 200
+    assert "&lt;script&gt;alert(&quot;xss&quot;)&lt;/script&gt;" in detail.content.decode()
+
+
+def test_script_in_a_channel_problem_is_escaped_in_the_channel_list(admin_client: Client) -> None:
+    ChannelFactory(key="hook", provider_key=XSS, options={})  # an unknown provider, named in the problem
+    response = admin_client.get(reverse("admin:notifications_retry_channelconfig_changelist"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "broken" in html  # the problem is shown ...
+    assert "<script>alert" not in html  # ... escaped
+    assert "&lt;script&gt;alert" in html

@@ -1,9 +1,7 @@
-"""The queue health dashboard (an admin page) and its server-rendered SVG backlog chart."""
+"""The queue health page: counts by status and channel, terminal failures, the backlog chart, workers."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -13,112 +11,16 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from notifications_retry.clock import default_clock
+from notifications_retry.conf import get_settings
+from notifications_retry.models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat
 from notifications_retry.observability import health
 
-from .clock import default_clock
-from .conf import get_settings
-from .models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat
+from .chart import DEFAULT_RANGE, RANGES, axis_start, backlog_chart
+from .display import format_age
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
-
-CHART_SERIES = (
-    ("due_backlog", "due backlog", "nr-series-due"),
-    ("failed_backlog", "failed (retrying)", "nr-series-failed"),
-    ("dead_letters_unresolved", "dead letters unresolved", "nr-series-dead"),
-)
-
-
-def format_age(seconds: float) -> str:
-    """A short human duration: 42s, 5m, 3h 10m, 2d 4h."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, _ = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h" if hours else f"{days}d"
-
-
-@dataclasses.dataclass
-class Chart:
-    """Everything the template needs to draw the chart: no arithmetic in the template."""
-
-    width: int
-    height: int
-    left: int
-    top: int
-    plot_width: int
-    plot_height: int
-    series: list[dict[str, Any]]
-    y_ticks: list[dict[str, Any]]
-    x_ticks: list[dict[str, Any]]
-    samples: int
-    peak: int
-
-
-def backlog_chart(
-    samples: Sequence[BacklogSample],
-    start: datetime,
-    end: datetime,
-    *,
-    width: int = 760,
-    height: int = 240,
-    max_points: int = 288,
-) -> Chart:
-    """Scale samples into SVG coordinates; more than ``max_points`` are bucketed (peak kept)."""
-    left, right, top, bottom = 48, 12, 12, 28
-    plot_w, plot_h = width - left - right, height - top - bottom
-    span = max((end - start).total_seconds(), 1.0)
-    points: list[BacklogSample] = list(samples)
-    if len(points) > max_points:
-        size = -(-len(points) // max_points)
-        buckets = [points[i : i + size] for i in range(0, len(points), size)]
-        points = [
-            max(b, key=lambda s: s.due_backlog + s.failed_backlog + s.dead_letters_unresolved)
-            for b in buckets
-        ]
-    peak = max((getattr(s, name) for s in points for name, _, _ in CHART_SERIES), default=0)
-    scale_max = _nice_ceiling(peak)
-
-    def x(when: datetime) -> float:
-        return round(left + plot_w * min(max((when - start).total_seconds() / span, 0.0), 1.0), 1)
-
-    def y(value: float) -> float:
-        return round(top + plot_h * (1 - value / scale_max), 1)
-
-    series = []
-    for name, label, css in CHART_SERIES:
-        coords = " ".join(f"{x(s.taken_at)},{y(getattr(s, name))}" for s in points)
-        latest = getattr(points[-1], name) if points else 0
-        series.append({"name": name, "label": label, "css": css, "points": coords, "latest": latest})
-    intervals = 4 if scale_max == 4 else 5  # 10, 20, 50, 100… split into round steps
-    y_ticks = [
-        {"y": y(scale_max * i / intervals), "label": f"{scale_max * i / intervals:g}"}
-        for i in range(intervals + 1)
-    ]
-    x_ticks = []
-    for hours_back in range(24, -1, -6):
-        when = end - timedelta(hours=hours_back)
-        x_ticks.append({"x": x(when), "label": "now" if hours_back == 0 else f"-{hours_back}h"})
-    return Chart(width, height, left, top, plot_w, plot_h, series, y_ticks, x_ticks, len(samples), peak)
-
-
-def _nice_ceiling(value: float) -> float:
-    """A round axis maximum at or above ``value`` (1, 2 or 5 times a power of ten), at least 4."""
-    if value <= 4:
-        return 4
-    magnitude = 1
-    while magnitude * 10 <= value:
-        magnitude *= 10
-    for step in (1, 2, 5, 10):
-        if step * magnitude >= value:
-            return float(step * magnitude)
-    return float(10 * magnitude)
 
 
 def _changelist(**params: Any) -> str:
@@ -126,8 +28,11 @@ def _changelist(**params: Any) -> str:
     return f"{base}?{urlencode(params)}" if params else base
 
 
-def dashboard_context(now: datetime) -> dict[str, Any]:
-    """The dashboard's figures at ``now`` (separate from the view so tests can call it)."""
+def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[str, Any]:
+    """The dashboard's figures at ``now``, the chart over ``chart_range`` (a key of ``RANGES``).
+
+    Separate from the view so tests can call it.
+    """
     conf = get_settings()
     channel_ids = dict(ChannelConfig.objects.values_list("key", "pk"))
     breakdown = health.status_breakdown(now)
@@ -173,7 +78,10 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
         item["url"] = _changelist(
             dead_letter="yes", error_kind=item["error_kind"], dead_lettered_at__from=since_param
         )
-    samples = list(BacklogSample.objects.filter(taken_at__gte=since, taken_at__lte=now).order_by("taken_at"))
+    span, range_words = RANGES[chart_range]
+    samples = list(
+        BacklogSample.objects.filter(taken_at__gte=now - span, taken_at__lte=now).order_by("taken_at")
+    )
     heartbeats = []
     for beat in WorkerHeartbeat.objects.order_by("lane"):
         last = beat.last_tick_completed_at or beat.last_tick_started_at
@@ -215,7 +123,10 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
         },
         "terminal": terminal,
         "terminal_total": sum(item["count"] for item in terminal),
-        "chart": backlog_chart(samples, since, now),
+        "chart": backlog_chart(samples, axis_start(samples, now - span, now), now),
+        "chart_range": chart_range,
+        "chart_range_words": range_words,
+        "chart_ranges": [{"key": key, "url": f"?{urlencode({'range': key})}"} for key in RANGES],
         "heartbeats": heartbeats,
         "channels": channels,
         "backlog_alert": backlog.failed_backlog > 1000,
@@ -223,12 +134,19 @@ def dashboard_context(now: datetime) -> dict[str, Any]:
 
 
 def dashboard_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> TemplateResponse:
-    """The queue health page; the caller has checked the view permission."""
+    """The queue health page; the caller has checked the view permission.
+
+    ``?range=`` picks the chart's range; an unknown value is named on the page, which shows the default.
+    """
     now = default_clock(get_settings().CLOCK).now()
+    asked = request.GET.get("range", DEFAULT_RANGE)
+    chart_range = asked if asked in RANGES else DEFAULT_RANGE
+    problem = "" if asked in RANGES else f"Unknown range {asked!r}: pick one of {', '.join(RANGES)}."
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Queue health",
         "opts": model_admin.opts,
-        **dashboard_context(now),
+        "range_error": problem,
+        **dashboard_context(now, chart_range),
     }
     return TemplateResponse(request, "notifications_retry/admin/dashboard.html", context)

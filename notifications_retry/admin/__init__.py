@@ -1,0 +1,31 @@
+"""The triage console: notifications, dead letters, channels, the outbox, and the queue health page.
+
+Nothing here writes notification rows: requeue and discard go through
+:mod:`notifications_retry.delivery.triage`, which locks, checks the state, audits and updates in one
+transaction. The admin adds what only it knows: who asked, the reason typed on the confirmation page (stored
+in the triage log and in an admin ``LogEntry``), permission checks that answer 403, and messages with the
+counts. Importing this package registers the model admins (Django's admin autodiscovery does).
+"""
+
+from __future__ import annotations
+
+from .channels import ChannelConfigAdmin, ChannelConfigForm
+from .chart import backlog_chart
+from .dashboard import dashboard_context, dashboard_view
+from .display import format_age
+from .notifications import NotificationEntityAdmin
+from .outbox import OutboxAdmin
+from .read_only import DeadLetterActionAdmin, WorkerHeartbeatAdmin
+
+__all__ = [
+    "ChannelConfigAdmin",
+    "ChannelConfigForm",
+    "DeadLetterActionAdmin",
+    "NotificationEntityAdmin",
+    "OutboxAdmin",
+    "WorkerHeartbeatAdmin",
+    "backlog_chart",
+    "dashboard_context",
+    "dashboard_view",
+    "format_age",
+]

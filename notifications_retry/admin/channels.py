@@ -1,0 +1,172 @@
+"""Channels: the list (enable, disable, whether each can send) and the edit form with a write-only secret."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from notifications_retry.models import ChannelConfig
+from notifications_retry.url_policy import webhook_url_problems
+
+from .display import format_age, fragment
+
+if TYPE_CHECKING:
+    ChannelAdminBase = admin.ModelAdmin[ChannelConfig]
+else:
+    ChannelAdminBase = admin.ModelAdmin
+
+
+class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Options without the secret (write-only field beside it), webhook URLs checked by the URL policy."""
+
+    secret = forms.CharField(
+        required=False,
+        strip=False,
+        label="Provider secret",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+    )
+    clear_secret = forms.BooleanField(required=False, label="Remove the stored secret")
+
+    class Meta:
+        model = ChannelConfig
+        fields = (
+            "key",
+            "is_enabled",
+            "provider_key",
+            "max_attempts",
+            "retry_backoff",
+            "backoff_base_seconds",
+            "backoff_cap_seconds",
+            "timeout_seconds",
+            "rate_limit_per_second",
+            "max_concurrency",
+            "options",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options = dict(self.instance.options or {}) if isinstance(self.instance.options, dict) else {}
+        self.stored_secret: str | None = options.pop("secret", None)
+        self.initial["options"] = options
+        self.fields["secret"].help_text = (
+            "A secret is stored (never shown). Type a new one to replace it, or leave empty to keep it."
+            if self.stored_secret
+            else "No secret stored. Type one to set it; it is never shown again."
+        )
+        self.fields["options"].help_text = (
+            'Provider options as JSON, e.g. {"url": "https://hooks.example.com/notify"}. '
+            "The secret goes in its own field below."
+        )
+
+    def clean_options(self) -> dict[str, Any]:
+        value = self.cleaned_data.get("options")
+        if value in (None, ""):
+            return {}
+        if not isinstance(value, dict):
+            raise ValidationError("Options must be a JSON object.")
+        if "secret" in value:
+            raise ValidationError(
+                "Put the secret in the Provider secret field: options never hold it in clear."
+            )
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "options" not in data:
+            return data
+        options = dict(data["options"])
+        if data.get("secret"):
+            options["secret"] = data["secret"]
+        elif self.stored_secret is not None and not data.get("clear_secret"):
+            options["secret"] = self.stored_secret
+        data["options"] = options
+        url = options.get("url")
+        if url is not None or data.get("provider_key") == "webhook":
+            for problem in webhook_url_problems(url if isinstance(url, str) else ""):
+                self.add_error("options", problem)
+        return data
+
+
+@admin.register(ChannelConfig)
+class ChannelConfigAdmin(ChannelAdminBase):
+    form = ChannelConfigForm
+    # Whether each channel can send comes second, so a broken one shows on a 1,440 px screen; the limits
+    # are summarised in two columns (each field is on the edit page).
+    list_display = ("key", "health", "is_enabled", "provider_key", "retries", "limits", "secret_display")
+    list_display_links = ("key",)
+    list_editable = ("is_enabled",)
+    list_filter = ("is_enabled", "provider_key", "retry_backoff")
+    search_fields = ("key", "provider_key")
+    readonly_fields = ("problems_display", "created_at", "updated_at")
+    actions = ("enable_channels", "disable_channels")
+    fieldsets = (
+        (None, {"fields": ("key", "is_enabled", "provider_key", "problems_display")}),
+        (
+            "Retries",
+            {"fields": ("max_attempts", "retry_backoff", "backoff_base_seconds", "backoff_cap_seconds")},
+        ),
+        ("Limits", {"fields": ("timeout_seconds", "rate_limit_per_second", "max_concurrency")}),
+        ("Provider", {"fields": ("options", "secret", "clear_secret")}),
+        ("Dates", {"fields": ("created_at", "updated_at")}),
+    )
+
+    class Media:
+        css = {"all": ("notifications_retry/admin.css",)}
+
+    @admin.display(description="retries", ordering="max_attempts")
+    def retries(self, obj: ChannelConfig) -> str:
+        base, cap = format_age(obj.backoff_base_seconds), format_age(obj.backoff_cap_seconds)
+        delays = base if obj.retry_backoff == ChannelConfig.Backoff.FIXED else f"{base} to {cap}"
+        return f"{obj.max_attempts} attempts, {obj.get_retry_backoff_display().lower()} {delays}"
+
+    @admin.display(description="limits")
+    def limits(self, obj: ChannelConfig) -> str:
+        rate = f"{obj.rate_limit_per_second:g}/s" if obj.rate_limit_per_second else "no rate limit"
+        return f"timeout {obj.timeout_seconds:g}s, {rate}, {obj.max_concurrency} at once"
+
+    @admin.display(description="secret")
+    def secret_display(self, obj: ChannelConfig) -> str:
+        return "•••••• (set)" if isinstance(obj.options, dict) and obj.options.get("secret") else "—"
+
+    @admin.display(description="configuration")
+    def health(self, obj: ChannelConfig) -> SafeString:
+        return fragment("channel_health", problems=obj.configuration_problems())
+
+    @admin.display(description="configuration problems")
+    def problems_display(self, obj: ChannelConfig) -> str:
+        if obj.pk is None:
+            return "—"
+        problems = obj.configuration_problems()
+        return "; ".join(problems) if problems else "none: the channel can send"
+
+    @admin.action(description="Enable selected channels", permissions=["change"])
+    def enable_channels(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._set_enabled(request, queryset, True)
+
+    @admin.action(description="Disable selected channels (rows wait untouched)", permissions=["change"])
+    def disable_channels(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._set_enabled(request, queryset, False)
+
+    def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Any], enabled: bool) -> None:
+        changed = list(queryset.exclude(is_enabled=enabled))
+        ChannelConfig.objects.filter(pk__in=[c.pk for c in changed]).update(
+            is_enabled=enabled, updated_at=timezone.now()
+        )
+        for channel in changed:
+            self.log_change(request, channel, "Enabled." if enabled else "Disabled.")
+        verb = "Enabled" if enabled else "Disabled"
+        self.message_user(request, f"{verb} {len(changed)} channel(s).", messages.SUCCESS)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "POST" and not self.has_change_permission(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)

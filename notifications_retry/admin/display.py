@@ -1,0 +1,57 @@
+"""What every admin page shows the same way: ages, a notification's state label, template fragments."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString, mark_safe
+
+from notifications_retry.models import NotificationEntity
+
+FRAGMENTS = "notifications_retry/admin/fragments/"
+
+
+def fragment(name: str, **context: Any) -> SafeString:
+    """Render ``fragments/<name>.html``; the template autoescapes every value, so its output is safe."""
+    return mark_safe(render_to_string(f"{FRAGMENTS}{name}.html", context))
+
+
+def format_age(seconds: float) -> str:
+    """A short human duration: 42s, 5m, 3h 10m, 2d 4h."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, _ = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h" if hours else f"{days}d"
+
+
+def state_label(obj: NotificationEntity) -> tuple[str, str]:
+    """What the row is, in the operator's words, and its badge colour: a dead letter before its status.
+
+    The list's badge, the detail page's badge and the detail page's title all say this, so they agree.
+    """
+    if obj.dead_lettered_at is not None:
+        if not obj.resolution:
+            return "dead letter", "dead"
+        return obj.get_resolution_display().split(" (")[0].lower(), "resolved"
+    return obj.get_status_display().lower(), obj.status
+
+
+def status_badge(obj: NotificationEntity) -> SafeString:
+    """The coloured state badge; its tooltip says when the row was dead-lettered."""
+    label, css = state_label(obj)
+    return fragment("status_badge", label=label, css=css, dead_lettered_at=obj.dead_lettered_at)
+
+
+def pretty_json(value: Any) -> SafeString:
+    """Indented JSON in a <pre>, escaped (payloads are untrusted)."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    return fragment("pre", css="nr-json", text=text)

@@ -1,0 +1,298 @@
+"""The notification list and its read-only detail page; triage comes from :class:`TriageActions`."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from notifications_retry.conf import get_settings
+from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.observability.masking import mask_recipient
+
+from . import display
+from .dashboard import dashboard_view
+from .filters import (
+    NEVER_FACETS,
+    DateRangeFilter,
+    DeadLetterFilter,
+    ErrorKindFilter,
+    QueueStateFilter,
+    ResolutionFilter,
+    TenantFilter,
+)
+from .triage_actions import TriageActions
+
+VIEW_RECIPIENT_PERM = f"{NotificationEntity._meta.app_label}.view_recipient"
+
+
+@admin.register(NotificationEntity)
+class NotificationEntityAdmin(TriageActions):
+    """Read-only notifications with triage actions; the recipient is masked unless permitted."""
+
+    # What an operator triages by, narrow enough for a 1,440 px screen with both sidebars open: the badge
+    # says dead letter / discarded (its tooltip: when); tenant, recipient and dates are on the detail page.
+    list_display = (
+        "short_id",
+        "status_badge",
+        "channel",
+        "error_kind_display",
+        "attempts_display",
+        "due_display",
+        "age",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (
+        "status",
+        DeadLetterFilter,
+        ResolutionFilter,
+        QueueStateFilter,
+        "channel",
+        ErrorKindFilter,
+        TenantFilter,
+        "priority",
+        ("created_at", DateRangeFilter),
+        ("dead_lettered_at", DateRangeFilter),
+        ("next_attempt_at", DateRangeFilter),
+    )
+    search_fields = ("=provider_message_id",)
+    search_help_text = "NotificationId, tenant id (UUIDs, exact) or provider message id."
+    list_select_related = ("channel",)
+    list_per_page = 50
+    ordering = ("-created_at",)
+    show_full_result_count = False
+    actions = ("requeue_selected", "discard_selected")
+    change_list_template = "notifications_retry/admin/notification_change_list.html"
+    change_form_template = "notifications_retry/admin/notification_change_form.html"
+    show_facets = NEVER_FACETS
+
+    summary_fields = (
+        "id",
+        "status_badge",
+        "channel",
+        "tenant_id",
+        "notification_type",
+        "priority",
+        "correlation_id",
+        "created_at",
+        "updated_at",
+    )
+    delivery_fields = (
+        "attempts",
+        "requeue_count",
+        "next_attempt_at",
+        "scheduled_at",
+        "expires_at",
+        "due_at",
+        "claim_display",
+        "provider_message_id",
+    )
+    failure_fields = (
+        "error_kind",
+        "last_error_display",
+        "dead_lettered_at",
+        "dead_letter_reason_display",
+        "resolution",
+        "resolved_at",
+    )
+    readonly_fields = (
+        *summary_fields,
+        "recipient",
+        "masked_recipient",
+        *delivery_fields,
+        *failure_fields,
+        "payload_display",
+        "attempt_history",
+        "triage_log",
+        "outbox_events",
+    )
+
+    class Media:
+        css = {"all": ("notifications_retry/admin.css",)}
+
+    # -- permissions: nothing is editable; triage has its own permissions ---------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def can_see_recipient(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(VIEW_RECIPIENT_PERM))
+
+    # -- list columns -----------------------------------------------------------------------------------
+
+    @admin.display(description="NotificationId", ordering="id")
+    def short_id(self, obj: NotificationEntity) -> str:
+        return str(obj.pk)[:8] + "…"
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: NotificationEntity) -> SafeString:
+        return display.status_badge(obj)
+
+    @admin.display(description="recipient")
+    def masked_recipient(self, obj: NotificationEntity) -> str:
+        return mask_recipient(obj.recipient)
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_display(self, obj: NotificationEntity) -> SafeString:
+        return display.fragment(
+            "attempts", attempts=obj.attempts, budget=obj.channel.max_attempts, requeues=obj.requeue_count
+        )
+
+    @admin.display(description="next", ordering="due_at")
+    def due_display(self, obj: NotificationEntity) -> str:
+        if obj.due_at is None:
+            return "—"
+        delta = (obj.due_at - timezone.now()).total_seconds()
+        return f"in {display.format_age(delta)}" if delta > 0 else f"due {display.format_age(-delta)} ago"
+
+    @admin.display(description="error kind", ordering="error_kind")
+    def error_kind_display(self, obj: NotificationEntity) -> SafeString:
+        # Kinds are short words, but nothing stops a provider from a long one: it is cut to the column.
+        return display.fragment("clipped", text=obj.error_kind or "—")
+
+    @admin.display(description="age", ordering="-created_at")
+    def age(self, obj: NotificationEntity) -> str:
+        return display.format_age((timezone.now() - obj.created_at).total_seconds())
+
+    # -- detail fields ----------------------------------------------------------------------------------
+
+    @admin.display(description="claim")
+    def claim_display(self, obj: NotificationEntity) -> str:
+        if obj.claim_token is None:
+            return "not claimed"
+        return f"claimed by {obj.claim_token}, lease until {obj.claim_expires_at:%Y-%m-%d %H:%M:%S}"
+
+    @admin.display(description="last error")
+    def last_error_display(self, obj: NotificationEntity) -> SafeString | str:
+        return display.fragment("pre", css="nr-error", text=obj.last_error) if obj.last_error else "—"
+
+    @admin.display(description="dead-letter reason")
+    def dead_letter_reason_display(self, obj: NotificationEntity) -> SafeString | str:
+        reason = obj.dead_letter_reason
+        return display.fragment("pre", css="nr-error", text=reason) if reason else "—"
+
+    @admin.display(description="payload")
+    def payload_display(self, obj: NotificationEntity) -> SafeString:
+        return display.pretty_json(obj.payload)
+
+    @admin.display(description="attempt history")
+    def attempt_history(self, obj: NotificationEntity) -> SafeString | str:
+        entries = [e for e in (obj.attempt_log or []) if isinstance(e, dict)]
+        if not entries:
+            return "No attempts recorded."
+        return display.fragment("attempt_history", entries=entries)
+
+    @admin.display(description="triage log")
+    def triage_log(self, obj: NotificationEntity) -> SafeString | str:
+        actions = list(obj.triage_log.all()[:100])
+        if not actions:
+            return "Never triaged."
+        return display.fragment("triage_log", actions=actions)
+
+    @admin.display(description="outbox events")
+    def outbox_events(self, obj: NotificationEntity) -> SafeString | str:
+        events = list(Outbox.objects.filter(key=str(obj.pk)).order_by("created_at", "id")[:50])
+        if not events:
+            return "No events (only Sent and terminal Failed emit one)."
+        rows = [
+            {
+                "url": reverse("admin:notifications_retry_outbox_change", args=[e.pk]),
+                "event_id": e.event_id,
+                "status": e.payload.get("status", "") if isinstance(e.payload, dict) else "",
+                "generation": e.generation,
+                "created_at": e.created_at,
+                "published_at": e.published_at,
+            }
+            for e in events
+        ]
+        return display.fragment("outbox_events", events=rows)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        recipient = "recipient" if self.can_see_recipient(request) else "masked_recipient"
+        return [
+            (None, {"fields": (*self.summary_fields[:3], recipient, *self.summary_fields[3:])}),
+            ("Delivery", {"fields": self.delivery_fields}),
+            ("Failure", {"fields": self.failure_fields}),
+            ("Payload", {"fields": ("payload_display",)}),
+            ("Attempt history", {"fields": ("attempt_history",)}),
+            ("Triage log", {"fields": ("triage_log",)}),
+            ("Outbox events", {"fields": ("outbox_events",)}),
+        ]
+
+    # -- search: exact UUIDs (indexed), provider message ids --------------------------------------------
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        condition = Q(provider_message_id=term)
+        try:
+            value = uuid.UUID(term)
+        except ValueError:
+            pass
+        else:
+            condition |= Q(pk=value) | Q(tenant_id=value)
+        return queryset.filter(condition), False
+
+    # -- URLs, views -----------------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        info = (self.opts.app_label, self.opts.model_name)
+        custom = [
+            path("dashboard/", wrap(self.dashboard), name=f"{info[0]}_{info[1]}_dashboard"),
+            path(
+                "<path:object_id>/triage/<str:operation>/",
+                wrap(self.triage_one),
+                name=f"{info[0]}_{info[1]}_triage",
+            ),
+        ]
+        return custom + super().get_urls()
+
+    def dashboard(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return dashboard_view(request, self)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "POST":
+            self.refuse_forbidden_actions(request)
+        context = {
+            "dashboard_url": reverse("admin:notifications_retry_notificationentity_dashboard"),
+            "bulk_action_cap": get_settings().BULK_ACTION_CAP,
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        obj = self.get_object(request, object_id)
+        if obj is not None:
+            context["triage_links"] = self.triage_links(request, obj)
+            # The page's heading and <title> say what its badge says (Django's would be str(obj): "failed").
+            label, _ = display.state_label(obj)
+            context["subtitle"] = f"{label.capitalize()}: {obj.pk} on {obj.channel.key}"
+        return super().change_view(request, object_id, form_url, context)
