@@ -19,9 +19,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DataError, IntegrityError, InternalError, connection, transaction
+from django.db import DatabaseError, connection, transaction
 
-from notifications_retry.delivery.finalize import apply_outcomes
+from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, reachable
 from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import (
     TERMINAL,
@@ -36,9 +36,6 @@ from notifications_retry.outcomes import (
 logger = logging.getLogger(__name__)
 
 _TABLE = NotificationEntity._meta.db_table
-
-#: What the claim cannot survive in one row but can isolate (not a lost connection: that is no row's fault).
-POISON_ERRORS = (DataError, IntegrityError, InternalError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,17 +161,24 @@ def claim_due(
 
         try:
             return claim.run(plan, total, counted)
-        except POISON_ERRORS:
-            if not delivered:
+        except DatabaseError as exc:
+            if connection_lost(exc) and not reachable():
+                raise
+            if delivered:
+                # Writing the outcomes failed, not the claim: lease instead, and let the usual
+                # per-record finalize isolate the bad row.
+                logger.warning(
+                    "writing %d outcomes delivered inside their claim failed; claiming with leases",
+                    delivered,
+                    exc_info=True,
+                )
+            else:
                 return claim.isolate(plan, total)
-            logger.warning(
-                "writing %d outcomes delivered inside their claim failed; claiming with leases",
-                delivered,
-                exc_info=True,
-            )
     try:
         return claim.run(plan, total, None)
-    except POISON_ERRORS:
+    except DatabaseError as exc:
+        if connection_lost(exc) and not reachable():
+            raise
         return claim.isolate(plan, total)
 
 
@@ -289,7 +293,9 @@ class _Claim:
         for nid in candidates:
             try:
                 one = self.run(plan, 1, None, only=nid)
-            except POISON_ERRORS as exc:
+            except DatabaseError as exc:
+                if connection_lost(exc) and not reachable():
+                    raise
                 batch.poisoned[nid] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
                 self.skip.add(nid)
                 continue
@@ -302,4 +308,4 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-__all__ = ["POISON_ERRORS", "ChannelClaim", "ClaimBatch", "claim_due", "claim_query"]
+__all__ = ["ChannelClaim", "ClaimBatch", "claim_due", "claim_query"]

@@ -175,7 +175,9 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
 def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
     """Apply outcomes under their claim tokens, in bulk; one bad record never fails the others.
 
-    Raises :class:`CommitUnavailable` when the connection is lost: then nothing was applied.
+    A failed bulk commit is redone one outcome at a time, so a row the database refuses (or whose
+    write even ends the connection) is reported in ``failed`` and left leased, while the others
+    are applied. Raises :class:`CommitUnavailable` when the database cannot be reached at all.
     """
     outcomes = list(outcomes)
     report = FinalizeReport()
@@ -187,30 +189,44 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
         _sort(report, outcomes, applied)
         return report
     except DatabaseError as exc:
-        if connection_lost(exc):
-            _drop_connection()
+        if connection_lost(exc) and not reachable():
             raise CommitUnavailable(repr(exc), outcomes) from exc
         logger.warning(
             "bulk finalize of %d outcomes failed; finalizing one by one", len(outcomes), exc_info=True
         )
-    for outcome in outcomes:
+    for index, outcome in enumerate(outcomes):
         try:
             with transaction.atomic():
                 applied = apply_outcomes([outcome], now, guarded=True)
             _sort(report, [outcome], applied)
         except DatabaseError as exc:
-            if connection_lost(exc):
-                _drop_connection()
+            if connection_lost(exc) and not reachable():
                 # What was applied one by one so far is committed; hand back only the rest.
-                done = {o.record.id for o in (*report.applied, *report.stale, *report.failed)}
-                pending = [o for o in outcomes if o.record.id not in done]
-                raise CommitUnavailable(repr(exc), pending, report) from exc
+                raise CommitUnavailable(repr(exc), outcomes[index:], report) from exc
             logger.exception(
                 "finalize of notification %s failed; its lease will expire and it will be retried",
                 outcome.record.id,
             )
             report.failed.append(outcome)
     return report
+
+
+def reachable() -> bool:
+    """After a lost connection: reconnect, and tell whether the database answers at all.
+
+    Tells an outage (keep the outcomes, retry later) from a statement that ended its own
+    connection (a poison row: the others can still be committed).
+    """
+    if connection.in_atomic_block:
+        return False
+    connection.close()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except DatabaseError:
+        connection.close()
+        return False
 
 
 _RELEASE = f"""
@@ -237,12 +253,6 @@ def release(records: Sequence[ClaimedRecord]) -> int:
         # Positional parameters: pgtrigger.ignore prefixes the statement with its own.
         cursor.execute(_RELEASE, [[r.id for r in records], [r.claim_token for r in records]])
         return int(cursor.rowcount)
-
-
-def _drop_connection() -> None:
-    """Close a lost connection so that the next statement reconnects (outside any atomic block)."""
-    if not connection.in_atomic_block:
-        connection.close()
 
 
 def _sort(report: FinalizeReport, outcomes: Sequence[Outcome], applied: Sequence[Outcome]) -> None:
