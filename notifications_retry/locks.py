@@ -25,10 +25,8 @@ LOCK_APPLICATION_NAME = "notifications_retry lock"
 #: PgBouncer's answer to a startup parameter it does not pass on (``options`` carries our settings).
 _POOLER_STARTUP_REFUSAL = "unsupported startup parameter"
 
-_PROOF = """
-SELECT pg_backend_pid(),
-       extract(epoch FROM current_setting('idle_session_timeout')::interval)::bigint,
-       hashtextextended(%s, 0)
+_SETTINGS_AND_KEY = """
+SELECT extract(epoch FROM current_setting('idle_session_timeout')::interval)::bigint, hashtextextended(%s, 0)
 """
 
 # The lock as pg_locks lists it: a bigint key is split into classid (high half) and objid (low half).
@@ -92,6 +90,29 @@ def dedicated_connection(
     return psycopg.connect(**params)
 
 
+def direct_session_pid(conn: psycopg.Connection[Any], using: str) -> int:
+    """The backend pid of ``conn``, once shown to be one PostgreSQL session of its own; else LockNotDirect.
+
+    A direct session's backend pid is the one the server announced in its BackendKeyData at connect time;
+    a pooler (PgBouncer, in any pool mode) announces a key of its own, so the two differ. Two consecutive
+    statements must also run in that one server process. Any holder of session advisory locks (the
+    outbox relay's key locks too) can prove its connection with this before locking.
+    """
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    pid, announced = int(row[0]), conn.info.backend_pid
+    if pid != announced:
+        raise LockNotDirect(
+            using,
+            f"the server process running the lock's statements (pid {pid}) is not the one the "
+            f"connection was opened with (pid {announced}), as through a pooler",
+        )
+    again = conn.execute("SELECT pg_backend_pid()").fetchone()
+    if again is None or int(again[0]) != pid:
+        raise LockNotDirect(using, "two consecutive statements ran in different server processes (a pooler)")
+    return pid
+
+
 class AdvisoryLock:
     """``pg_try_advisory_lock(hashtextextended(name, 0))`` held on a direct connection of its own."""
 
@@ -131,30 +152,18 @@ class AdvisoryLock:
     def _prove_direct(self, conn: psycopg.Connection[Any]) -> tuple[int, int]:
         """The session's backend pid and the lock key, once the session is shown to be direct.
 
-        A direct session's backend pid is the one the server announced in its BackendKeyData at connect
-        time; a pooler announces a key of its own, so the two differ. A pooler that drops the startup
-        ``options`` shows as the default ``idle_session_timeout``. Two statements must see one backend.
+        Besides :func:`direct_session_pid`: a pooler that drops the startup ``options`` shows as a
+        session without the ``idle_session_timeout`` given there.
         """
-        row = conn.execute(_PROOF, (self.name,)).fetchone()
+        pid = direct_session_pid(conn, self.using)
+        row = conn.execute(_SETTINGS_AND_KEY, (self.name,)).fetchone()
         assert row is not None
-        pid, timeout, key = int(row[0]), int(row[1]), int(row[2])
-        announced = conn.info.backend_pid
-        if pid != announced:
-            raise LockNotDirect(
-                self.using,
-                f"the server process running the lock's statements (pid {pid}) is not the one the "
-                f"connection was opened with (pid {announced}), as through a pooler",
-            )
+        timeout, key = int(row[0]), int(row[1])
         if timeout != self.idle_session_timeout:
             raise LockNotDirect(
                 self.using,
                 f"the session's idle_session_timeout is {timeout}s, not the {self.idle_session_timeout}s "
                 "given at connect time: something between the worker and PostgreSQL dropped it",
-            )
-        again = conn.execute("SELECT pg_backend_pid()").fetchone()
-        if again is None or int(again[0]) != pid:
-            raise LockNotDirect(
-                self.using, "two consecutive statements ran in different server processes (a pooler)"
             )
         return pid, key
 

@@ -173,3 +173,23 @@ def test_check_database_passes_a_direct_lock_session(alias):
     direct = alias("direct")
     with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": direct}):
         assert [m.id for m in run_checks(databases=[direct]) if m.id.startswith("notifications_retry.")] == []
+
+
+def test_a_session_without_the_startup_timeout_is_refused(alias, monkeypatch):
+    # A proxy that passes the server's key through but drops the startup `options`: stand in for it
+    # by opening the connection without the lock's session settings.
+    from notifications_retry import locks
+
+    real = locks.dedicated_connection
+
+    def dropping_options(using: str, application_name: str, **kwargs: Any) -> Any:
+        return real(using, application_name, session_settings={})
+
+    monkeypatch.setattr(locks, "dedicated_connection", dropping_options)
+    lock = AdvisoryLock("notifications:test-dropped", using=alias("direct"), idle_session_timeout=11)
+    try:
+        with pytest.raises(LockNotDirect, match="idle_session_timeout is 0s, not the 11s"):
+            lock.acquire()
+        assert advisory_holders() == []
+    finally:
+        lock.close()
