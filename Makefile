@@ -19,7 +19,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	bash scripts/ensure-chromium
-	bash scripts/ensure-promtool
+	bash scripts/ensure-prometheus
+	bash scripts/ensure-pgbouncer
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The fault suite's long scenarios (1-million-row backlog, vacuum held back): minutes, not for every run.

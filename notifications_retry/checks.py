@@ -1,9 +1,9 @@
 """System checks ``notifications_retry.E00x`` / ``W00x`` (the table is in docs/settings.md).
 
 Checks without the ``database`` tag never open a connection: they run on every ``manage.py``
-command, including a ``migrate`` on an empty database. Only ``check_channels`` reads rows, and
-Django runs it only when asked for databases (``check --database``, ``migrate``), so it first makes
-sure the table exists.
+command, including a ``migrate`` on an empty database. Django runs the two tagged ones only when asked
+for databases (``check --database``, ``migrate``): ``check_channels`` reads rows, so it first makes sure
+the table exists; ``check_lock_session`` opens the lock's own connection and proves it direct.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from django.utils.module_loading import import_string
 from .conf import RetrySettings, get_settings, settings_problems
 from .exceptions import ChannelConfigurationError
 
-#: PgBouncer's default port: a hint, not proof, that an alias goes through the pooler.
-PGBOUNCER_DEFAULT_PORT = "6432"
+#: Default ports of transaction poolers: 6432 PgBouncer (also Odyssey's and PgCat's), 6543 Supavisor's
+#: transaction mode. Strong evidence, not proof, that an alias goes through a pooler.
+POOLER_PORTS = {"6432": "PgBouncer's default port", "6543": "Supavisor's transaction-pooling port"}
 
 
 def _settings() -> tuple[RetrySettings | None, list[CheckMessage]]:
@@ -62,7 +63,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 @register()
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """E002 PostgreSQL is required; E005 the lock alias must exist; E004/W001 the lock must bypass poolers."""
+    """E002 PostgreSQL is required; E005 the lock alias must exist; E004/E006 the lock must bypass poolers."""
     conf, problems = _settings()
     alias = conf.LOCK_DATABASE_ALIAS if conf is not None and not problems else "default"
     messages: list[CheckMessage] = []
@@ -112,16 +113,58 @@ def _lock_alias_messages(conf: RetrySettings, alias: str, db: Mapping[str, Any])
                 id="notifications_retry.E004",
             )
         ]
-    if str(db.get("PORT") or "") == PGBOUNCER_DEFAULT_PORT:
+    port = str(db.get("PORT") or "")
+    if port in POOLER_PORTS:
         return [
-            Warning(
-                f"NOTIFICATIONS_RETRY: the lock alias {alias!r} uses port {PGBOUNCER_DEFAULT_PORT}, "
-                "PgBouncer's default; session advisory locks do not survive transaction pooling.",
-                hint="Point LOCK_DATABASE_ALIAS at PostgreSQL directly, or silence notifications_retry.W001 "
-                "if this port is the server itself.",
-                id="notifications_retry.W001",
+            Error(
+                f"NOTIFICATIONS_RETRY: the cycle's advisory lock alias {alias!r} uses port {port}, "
+                f"{POOLER_PORTS[port]}; a session advisory lock does not survive transaction pooling, and "
+                "the worker refuses a lock session it cannot prove direct.",
+                hint="Point NOTIFICATIONS_RETRY['LOCK_DATABASE_ALIAS'] at a DATABASES entry that connects to "
+                "PostgreSQL directly. If this port is PostgreSQL itself, silence notifications_retry.E006 "
+                "(SILENCED_SYSTEM_CHECKS): the worker still proves its lock session direct at start.",
+                id="notifications_retry.E006",
             )
         ]
+    return []
+
+
+@register(Tags.database)
+def check_lock_session(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E004 where it can be known for sure: the lock alias's session, opened now, is not direct.
+
+    Only with ``check --database <lock alias>`` (and ``migrate`` of it): it opens the lock's own
+    connection, proves it direct as the worker does at start, takes no lock and closes it.
+    """
+    from .locks import AdvisoryLock, LockNotDirect
+
+    conf, problems = _settings()
+    if conf is None or problems or not databases:
+        return []
+    alias = conf.LOCK_DATABASE_ALIAS
+    if (
+        alias not in databases
+        or alias not in connections.settings
+        or connections[alias].vendor != "postgresql"
+    ):
+        return []  # E005/E002 speak for these
+    lock = AdvisoryLock(
+        conf.LOCK_KEY, using=alias, idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS
+    )
+    try:
+        lock.prove_direct()  # False when unreachable: not a configuration problem of this app
+    except LockNotDirect as exc:
+        return [
+            Error(
+                f"NOTIFICATIONS_RETRY: {exc}",
+                hint="The retry worker stops at start with this error until the alias is fixed.",
+                id="notifications_retry.E004",
+            )
+        ]
+    finally:
+        lock.close()
     return []
 
 

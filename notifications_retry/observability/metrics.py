@@ -1,11 +1,15 @@
-"""Prometheus metric objects (names are part of the contract). Nothing is served on import: the web
-side uses django-prometheus's ``/metrics``; ``retry_worker --metrics-port`` calls :func:`start_exporter`.
+"""Prometheus metric objects (names are part of the contract). Nothing is served on import:
+``retry_worker --metrics-port`` calls :func:`start_exporter`; a web process's django-prometheus
+``/metrics`` serves Django's own series, not these (the web process never imports this module).
 
 Labels are low-cardinality only (channel, outcome, error_kind, lane): never a notification or tenant id.
+A labelled series exists only once created; :func:`precreate_series` creates the known ones at zero
+so that ``increase()`` sees a first batch (a series first scraped at N looks like no increase at all).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
@@ -68,6 +72,55 @@ OUTCOME_COMMIT_DEFERRED = Counter(
     "notifications_retry_outcome_commits_deferred_total",
     "Commits of outcomes put off because the database was unreachable (the outcomes are kept).",
 )
+
+#: The outcome label values of ``notifications_retry_processed_total``.
+OUTCOMES = ("sent", "retry", "terminal")
+
+#: Error kinds the library reports itself: the worker's own terminal kinds, the built-in providers'
+#: (webhook, its HTTP transport, stub) and the exceptions' defaults. Custom providers add theirs.
+BUILTIN_ERROR_KINDS = (
+    "attempts_exhausted",
+    "expired",
+    "undecodable_payload",
+    "http_4xx",
+    "http_5xx",
+    "http_unexpected",
+    "throttled",
+    "timeout",
+    "connection",
+    "transport",
+    "serialization",
+    "invalid_request",
+    "stub_retriable",
+    "stub_permanent",
+    "retriable",
+    "permanent",
+    "provider_error",
+)
+
+
+def precreate_series(channels: Iterable[str], error_kinds: Iterable[str], lanes: Iterable[str]) -> None:
+    """Create every labelled counter series of ``channels`` x ``error_kinds`` (and of ``lanes``) at zero.
+
+    Call it at worker start, before the first tick: a counter whose series first appears already at N
+    (a first batch of dead letters, the first batch after a restart) shows no ``increase()``, so
+    ``NotificationsTerminalFailuresSpike`` would miss it. Existing values are left alone. Timestamp and
+    duration gauges are not created: a zero there would read as "last tick in 1970"; the circuit gauge
+    starts at 0 (closed), as a new breaker does.
+    """
+    kinds = list(dict.fromkeys(error_kinds))
+    for channel in dict.fromkeys(channels):
+        SENT.labels(channel)
+        CHANNEL_DISABLED.labels(channel)
+        for outcome in OUTCOMES:
+            PROCESSED.labels(channel, outcome)
+        for kind in kinds:
+            RETRIED.labels(channel, kind)
+            TERMINAL_FAILED.labels(channel, kind)
+        CIRCUIT_STATE.labels(channel)
+    for lane in dict.fromkeys(lanes):
+        CYCLE_DURATION.labels(lane)
+        LOCK_HELD.labels(lane)
 
 
 def start_exporter(port: int, addr: str = "127.0.0.1", registry: Any = REGISTRY) -> int:

@@ -140,10 +140,22 @@ def test_a_pooled_default_with_a_direct_lock_alias_is_fine(extra_alias: Any) -> 
         assert ids() == []
 
 
-def test_w001_lock_alias_on_pgbouncer_port(extra_alias: Any) -> None:
-    extra_alias("maybe_bouncer", PORT="6432")
+@pytest.mark.parametrize("port", ["6432", "6543"])
+def test_e006_lock_alias_on_a_known_pooler_port(extra_alias: Any, port: str) -> None:
+    extra_alias("maybe_bouncer", PORT=port)
     with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "maybe_bouncer"}):
-        assert ids() == ["notifications_retry.W001"]
+        assert ids() == ["notifications_retry.E006"]
+        found = messages_with("notifications_retry.E006")
+    assert port in found[0] and "'maybe_bouncer'" in found[0]
+
+
+def test_e006_can_be_silenced_when_the_port_is_postgresql_itself(extra_alias: Any) -> None:
+    extra_alias("direct_on_6432", PORT="6432")
+    with override_settings(
+        NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "direct_on_6432"},
+        SILENCED_SYSTEM_CHECKS=["notifications_retry.E006"],
+    ):
+        assert [m.id for m in run_checks() if not m.is_silenced()] == []
 
 
 def test_e005_lock_alias_missing() -> None:

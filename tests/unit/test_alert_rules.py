@@ -52,6 +52,40 @@ def test_promtool_unit_tests_fail_when_a_threshold_drifts(tmp_path):
     assert "NotificationsFailedBacklogHigh" in result.stdout + result.stderr
 
 
+def _promtool_test_with(tmp_path: Path, old: str, new: str) -> subprocess.CompletedProcess[str]:
+    """Run the shipped unit tests against alerts.yml with ``old`` replaced by ``new``."""
+    rules = (RULES_DIR / "alerts.yml").read_text()
+    assert old in rules
+    (tmp_path / "alerts.yml").write_text(rules.replace(old, new))
+    (tmp_path / "alerts_test.yml").write_text((RULES_DIR / "alerts_test.yml").read_text())
+    return promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+
+
+def test_a_provider_down_rule_on_open_only_misses_the_hanging_provider(tmp_path):
+    # The rule as it was: each scraped half-open sample (a probe waiting for its timeout) resets `for:`.
+    result = _promtool_test_with(tmp_path, ") > 0\n        for: 5m", ") == 2\n        for: 5m")
+    assert result.returncode != 0
+    assert "provider down when it hangs" in result.stdout + result.stderr
+
+
+def test_a_terminal_spike_rule_on_increase_only_misses_a_series_first_scraped_at_n(tmp_path):
+    rules = (RULES_DIR / "alerts.yml").read_text()
+    expr = rules.split("- alert: NotificationsTerminalFailuresSpike", 1)[1].split("expr: >-\n", 1)[1]
+    expr = expr.split("        labels:", 1)[0]
+    plain = "          sum by (channel) (increase(notifications_retry_terminal_failed_total[15m])) > 20\n"
+    result = _promtool_test_with(tmp_path, expr, plain)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "the first batch of dead letters on a channel" in out
+    assert "a batch right after a restart, in a new pod" in out
+
+
+def test_a_terminal_spike_rule_without_its_guard_pages_for_old_counters_after_a_gap(tmp_path):
+    result = _promtool_test_with(tmp_path, "and on (instance) (up offset 15m == 1)", "")
+    assert result.returncode != 0
+    assert "no spike when Prometheus comes back" in result.stdout + result.stderr
+
+
 def _rules() -> dict[str, str]:
     """Alert name → the text of its rule (no YAML library in the test extras; the layout is ours)."""
     chunks = (RULES_DIR / "alerts.yml").read_text().split("- alert: ")[1:]
@@ -62,7 +96,7 @@ def test_every_card_alert_exists_on_exported_metrics_with_a_runbook():
     rules = _rules()
     assert "max(notifications_failed_backlog_gauge) > 1000" in rules["NotificationsFailedBacklogHigh"]
     assert "notifications_retry_terminal_failed_total" in rules["NotificationsTerminalFailuresSpike"]
-    assert "notifications_retry_circuit_state) == 2" in rules["NotificationsProviderDown"]
+    assert "notifications_retry_circuit_state" in rules["NotificationsProviderDown"]
     assert "notifications_retry_last_cycle_duration_ms) > 45000" in rules["NotificationsRetryTickTooLong"]
     assert (
         "notifications_retry_last_tick_completed_timestamp_seconds"
