@@ -26,8 +26,10 @@ from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
 
+from .conf import get_settings
 from .models import ChannelConfig, NotificationEntity
 from .outcomes import CANCELLED
+from .validation import validate_notification
 
 __all__ = [
     "CANCELLED",
@@ -74,7 +76,21 @@ def create_notification(
     notification_id: uuid.UUID | None = None,
     on_commit: Callable[[NotificationEntity], None] | None = None,
 ) -> NotificationEntity:
-    """Store a Pending notification in the caller's transaction; fresh ones are announced on commit."""
+    """Store a Pending notification in the caller's transaction; fresh ones are announced on commit.
+
+    Raises ``notifications_retry.validation.InvalidNotification`` (a ``ValueError`` naming the field)
+    for input the database would refuse or beyond ``MAX_PAYLOAD_BYTES`` / ``MAX_PAYLOAD_DEPTH``.
+    """
+    conf = get_settings()
+    payload = validate_notification(
+        recipient=recipient,
+        payload=payload,
+        notification_type=notification_type,
+        priority=priority,
+        correlation_id=correlation_id,
+        max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+        max_payload_depth=conf.MAX_PAYLOAD_DEPTH,
+    )
     if scheduled_at is not None and timezone.is_naive(scheduled_at):
         raise ValueError("scheduled_at must be an aware datetime (USE_TZ): the worker compares it in UTC")
     if expires_at is not None and timezone.is_naive(expires_at):
@@ -84,7 +100,7 @@ def create_notification(
             id=notification_id or uuid.uuid4(),
             channel=_channel(channel),
             recipient=recipient,
-            payload=dict(payload or {}),
+            payload=payload,
             tenant_id=tenant_id,
             notification_type=notification_type,
             priority=priority,

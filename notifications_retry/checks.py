@@ -218,7 +218,10 @@ def _channels_table_exists(alias: str) -> bool:
 def check_channels(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """W002: channels whose configuration cannot send (their rows wait, like a disabled channel's)."""
+    """W002: channels whose configuration cannot send (their rows wait, like a disabled channel's).
+
+    E007: channels with a number outside its documented range.
+    """
     from .models import ChannelConfig
 
     if not databases or "default" not in databases:
@@ -231,8 +234,20 @@ def check_channels(
         return []  # an unreachable server is not a configuration problem of this app
     messages: list[CheckMessage] = []
     for channel in channels:
+        out_of_range = channel.bounds_problems()
+        if out_of_range:
+            # Only possible past the CHECK constraints (dropped, or a restore without them).
+            messages.append(
+                Error(
+                    f"channel {channel.key!r} has settings outside their range: {'; '.join(out_of_range)}",
+                    hint="The worker sets it aside as misconfigured; fix it in the admin (the ranges are in "
+                    "docs/settings.md#channel-fields).",
+                    obj=channel,
+                    id="notifications_retry.E007",
+                )
+            )
         try:
-            problems = channel.configuration_problems()
+            problems = channel.provider_problems()
         except ChannelConfigurationError as exc:
             problems = [str(exc)]
         if problems:

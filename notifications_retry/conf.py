@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
+from notifications_retry import bounds
 from notifications_retry.lanes import share_problems
 
 SETTINGS_NAME = "NOTIFICATIONS_RETRY"
@@ -53,6 +54,9 @@ class RetrySettings:
     OUTBOX_RELAY_INTERVAL_SECONDS: float = 1.0
     OUTBOX_RELAY_MAX_BACKOFF_SECONDS: float = 60.0
     BACKLOG_SAMPLE_RETENTION_HOURS: int = 48
+    # What the public API accepts (docs/settings.md#what-the-api-accepts).
+    MAX_PAYLOAD_BYTES: int = bounds.DEFAULT_MAX_PAYLOAD_BYTES
+    MAX_PAYLOAD_DEPTH: int = bounds.DEFAULT_MAX_PAYLOAD_DEPTH
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> RetrySettings:
@@ -79,43 +83,12 @@ class RetrySettings:
 def settings_problems(conf: RetrySettings) -> list[str]:
     """Describe every value of the wrong type or range; empty when all is well."""
     problems: list[str] = []
-    positive_ints = (
-        "BATCH_SIZE",
-        "CLAIM_CHUNK_SIZE",
-        "WORKER_THREADS",
-        "CIRCUIT_FAILURE_THRESHOLD",
-        "DEAD_LETTER_RETENTION_DAYS",
-        "OUTBOX_RETENTION_DAYS",
-        "BULK_ACTION_CAP",
-        "LOCK_IDLE_SESSION_TIMEOUT_SECONDS",
-    )
-    for name in positive_ints:
-        value = getattr(conf, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{name} must be a positive integer, got {value!r}")
-    positive_numbers = (
-        "MAX_DURATION_SECONDS",
-        "INTERVAL_SECONDS",
-        "CIRCUIT_COOLDOWN_SECONDS",
-        "THROTTLE_DEFAULT_SECONDS",
-        "HEARTBEAT_MAX_AGE_SECONDS",
-    )
-    for name in positive_numbers:
-        value = getattr(conf, name)
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            problems.append(f"{name} must be a positive number, got {value!r}")
-    if (
-        not isinstance(conf.LEASE_GRACE_SECONDS, int | float)
-        or isinstance(conf.LEASE_GRACE_SECONDS, bool)
-        or conf.LEASE_GRACE_SECONDS < 0
-    ):
-        problems.append(f"LEASE_GRACE_SECONDS must be a number >= 0, got {conf.LEASE_GRACE_SECONDS!r}")
-    if (
-        not isinstance(conf.JITTER_RATIO, int | float)
-        or isinstance(conf.JITTER_RATIO, bool)
-        or not 0 <= conf.JITTER_RATIO < 1
-    ):
-        problems.append(f"JITTER_RATIO must be a number in [0, 1), got {conf.JITTER_RATIO!r}")
+    # Every numeric key has a documented range (bounds.SETTINGS): NaN, infinity and absurd values that
+    # would overflow an interval or a timer are refused like a wrong type.
+    for name, bound in bounds.SETTINGS.items():
+        problem = bound.problem(name, getattr(conf, name))
+        if problem:
+            problems.append(problem)
     if conf.CLOCK not in ("database", "system"):
         problems.append(f"CLOCK must be 'database' or 'system', got {conf.CLOCK!r}")
     if not isinstance(conf.LOCK_KEY, str) or not conf.LOCK_KEY:
@@ -123,10 +96,13 @@ def settings_problems(conf: RetrySettings) -> list[str]:
     if not isinstance(conf.LOCK_DATABASE_ALIAS, str) or not conf.LOCK_DATABASE_ALIAS:
         problems.append(f"LOCK_DATABASE_ALIAS must be a database alias, got {conf.LOCK_DATABASE_ALIAS!r}")
     if not isinstance(conf.ATTEMPTS_BY_TYPE, Mapping) or any(
-        not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1
+        not isinstance(k, str) or not bounds.ATTEMPTS_BY_TYPE_VALUE.contains(v)
         for k, v in conf.ATTEMPTS_BY_TYPE.items()
     ):
-        problems.append("ATTEMPTS_BY_TYPE must map notification types to positive integers")
+        problems.append(
+            "ATTEMPTS_BY_TYPE must map notification types to attempt budgets, each "
+            f"{bounds.ATTEMPTS_BY_TYPE_VALUE.describe()}"
+        )
     if not isinstance(conf.PROVIDERS, Mapping) or any(
         not isinstance(k, str) or not isinstance(v, str) for k, v in conf.PROVIDERS.items()
     ):
@@ -145,26 +121,14 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
     if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):
         problems.append("WEBHOOK_ALLOWED_HOSTS must be a list of host names")
-    if conf.METRICS_PORT is not None and (
-        not isinstance(conf.METRICS_PORT, int)
-        or isinstance(conf.METRICS_PORT, bool)
-        or not 0 <= conf.METRICS_PORT <= 65535
-    ):
-        problems.append(f"METRICS_PORT must be a port number or None, got {conf.METRICS_PORT!r}")
+    if conf.METRICS_PORT is not None and not bounds.METRICS_PORT.contains(conf.METRICS_PORT):
+        problems.append(f"METRICS_PORT must be a port number (0 to 65535) or None, got {conf.METRICS_PORT!r}")
     problems.extend(_outbox_problems(conf))
     return problems
 
 
 def _outbox_problems(conf: RetrySettings) -> list[str]:
     problems: list[str] = []
-    for name in ("OUTBOX_RELAY_BATCH_SIZE", "BACKLOG_SAMPLE_RETENTION_HOURS"):
-        value = getattr(conf, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{name} must be a positive integer, got {value!r}")
-    for name in ("OUTBOX_RELAY_INTERVAL_SECONDS", "OUTBOX_RELAY_MAX_BACKOFF_SECONDS"):
-        value = getattr(conf, name)
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            problems.append(f"{name} must be a positive number, got {value!r}")
     if not isinstance(conf.OUTBOX_PUBLISHER, str) or not conf.OUTBOX_PUBLISHER:
         problems.append(
             f"OUTBOX_PUBLISHER must be 'log', 'http' or a dotted path, got {conf.OUTBOX_PUBLISHER!r}"

@@ -14,13 +14,15 @@ import django
 import pgtrigger
 from django.apps import apps
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxLengthValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from . import bounds
 from .channel_settings import ChannelSettings
 from .outcomes import CANCELLED
+from .validation import range_validators, reject_invalid_payload, reject_unstorable_text
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 CONTRACT_VERSION = 1
@@ -33,6 +35,14 @@ def check_constraint(condition: Q, name: str) -> models.CheckConstraint:
     if django.VERSION >= (5, 1):
         return models.CheckConstraint(condition=condition, name=name)
     return models.CheckConstraint(check=condition, name=name)  # type: ignore[call-arg]
+
+
+def range_constraint(field: str, bound: bounds.Bound, *, nullable: bool = False) -> models.CheckConstraint:
+    """CHECK low <= field <= high (PostgreSQL sorts NaN above every number, so it fails the upper end)."""
+    condition = Q(**{f"{field}__gte": bound.low}) & Q(**{f"{field}__lte": bound.high})
+    if nullable:
+        condition = Q(**{f"{field}__isnull": True}) | condition
+    return check_constraint(condition, f"nr_channel_{field}_range")
 
 
 class ChannelConfigQuerySet(models.QuerySet["ChannelConfig"]):
@@ -50,15 +60,26 @@ class ChannelConfig(models.Model):
     key = models.SlugField(max_length=64, unique=True, help_text="Channel slug: email, sms, push, in_app…")
     is_enabled = models.BooleanField(default=True, help_text="Disabled: rows wait untouched.")
     provider_key = models.CharField(max_length=64, help_text="Key of the provider adapter in the registry.")
-    max_attempts = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    # Every number has a documented range (bounds.CHANNEL_FIELDS, docs/settings.md#channel-fields),
+    # enforced by these validators, a CHECK constraint each and check E006.
+    max_attempts = models.PositiveIntegerField(default=5, validators=range_validators(bounds.MAX_ATTEMPTS))
     retry_backoff = models.CharField(max_length=16, choices=Backoff.choices, default=Backoff.EXPONENTIAL)
-    backoff_base_seconds = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
-    backoff_cap_seconds = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
-    timeout_seconds = models.FloatField(default=10.0, validators=[MinValueValidator(0.001)])
-    rate_limit_per_second = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(0.001)], help_text="Empty: no limit."
+    backoff_base_seconds = models.PositiveIntegerField(
+        default=60, validators=range_validators(bounds.BACKOFF_BASE_SECONDS)
     )
-    max_concurrency = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
+    backoff_cap_seconds = models.PositiveIntegerField(
+        default=3600, validators=range_validators(bounds.BACKOFF_CAP_SECONDS)
+    )
+    timeout_seconds = models.FloatField(default=10.0, validators=range_validators(bounds.TIMEOUT_SECONDS))
+    rate_limit_per_second = models.FloatField(
+        null=True,
+        blank=True,
+        validators=range_validators(bounds.RATE_LIMIT_PER_SECOND),
+        help_text="Empty: no limit.",
+    )
+    max_concurrency = models.PositiveIntegerField(
+        default=10, validators=range_validators(bounds.MAX_CONCURRENCY)
+    )
     options = models.JSONField(default=dict, blank=True, help_text='Provider options, e.g. {"url": …}.')
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
@@ -69,17 +90,13 @@ class ChannelConfig(models.Model):
         verbose_name = "channel"
         ordering = ["key"]
         constraints = [
-            check_constraint(Q(max_attempts__gte=1), "nr_channel_max_attempts_gte_1"),
-            check_constraint(Q(timeout_seconds__gt=0), "nr_channel_timeout_positive"),
-            check_constraint(Q(max_concurrency__gte=1), "nr_channel_concurrency_gte_1"),
-            check_constraint(Q(backoff_base_seconds__gte=1), "nr_channel_backoff_base_gte_1"),
+            *(
+                range_constraint(field, bound, nullable=field == "rate_limit_per_second")
+                for field, bound in bounds.CHANNEL_FIELDS.items()
+            ),
             check_constraint(
                 Q(backoff_cap_seconds__gte=models.F("backoff_base_seconds")),
                 "nr_channel_backoff_cap_gte_base",
-            ),
-            check_constraint(
-                Q(rate_limit_per_second__isnull=True) | Q(rate_limit_per_second__gt=0),
-                "nr_channel_rate_limit_positive",
             ),
             check_constraint(Q(retry_backoff__in=["fixed", "exponential"]), "nr_channel_backoff_valid"),
         ]
@@ -99,9 +116,26 @@ class ChannelConfig(models.Model):
 
     def configuration_problems(self) -> list[str]:
         """What stops this channel from sending; empty when it can work."""
+        return self.bounds_problems() + self.provider_problems()
+
+    def provider_problems(self) -> list[str]:
+        """An unknown provider key, or options the provider refuses."""
         # The provider registry is asked through the app config: the models import no provider.
         app = apps.get_app_config("notifications_retry")
-        return app.channel_problems(self.provider_key, self.options if self.options is not None else {})  # type: ignore[attr-defined,no-any-return]
+        options = self.options if self.options is not None else {}
+        return app.channel_problems(self.provider_key, options)  # type: ignore[attr-defined,no-any-return]
+
+    def bounds_problems(self) -> list[str]:
+        """Numbers outside their documented range: only reachable past the CHECK constraints."""
+        problems = [
+            problem
+            for field, bound in bounds.CHANNEL_FIELDS.items()
+            if not (field == "rate_limit_per_second" and self.rate_limit_per_second is None)
+            and (problem := bound.problem(field, getattr(self, field)))
+        ]
+        if not problems and self.backoff_cap_seconds < self.backoff_base_seconds:
+            problems.append("backoff_cap_seconds must be at least backoff_base_seconds")
+        return problems
 
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
@@ -111,7 +145,7 @@ class ChannelConfig(models.Model):
             and (self.backoff_cap_seconds < self.backoff_base_seconds)
         ):
             errors.setdefault("backoff_cap_seconds", []).append("The cap must be at least the base delay.")
-        problems = self.configuration_problems()
+        problems = self.provider_problems()  # the numbers are the field validators' to report
         if problems:
             field = "provider_key" if "provider key" in problems[0] else "options"
             errors.setdefault(field, []).extend(problems)
@@ -158,6 +192,14 @@ DUE_AT_SQL = """
     END;
     RETURN NEW;
 """
+
+
+# The refund of an unstarted claim (delivery.release): one attempt given back, the lease cleared, the
+# status untouched. The only way attempts go down besides an audited requeue.
+REFUND_OF_UNSTARTED_CLAIM_SQL = (
+    "NEW.attempts = OLD.attempts - 1 AND OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL "
+    "AND NEW.claim_expires_at IS NULL AND NEW.status = OLD.status"
+)
 
 
 # A requeue is one step up, of a dead letter, with its DeadLetterAction row written first.
@@ -231,10 +273,14 @@ class NotificationEntity(models.Model):
     channel = models.ForeignKey(
         ChannelConfig, on_delete=models.PROTECT, related_name="notifications", db_index=False
     )
-    recipient = models.TextField()
-    payload = models.JSONField(default=dict, blank=True)
+    # The API's rules (validation.py) as field validators, so full_clean and forms refuse the same.
+    recipient = models.TextField(
+        validators=[MaxLengthValidator(bounds.RECIPIENT_MAX_LENGTH), reject_unstorable_text]
+    )
+    payload = models.JSONField(default=dict, blank=True, validators=[reject_invalid_payload])
     notification_type = models.CharField(
-        max_length=64,
+        max_length=bounds.NOTIFICATION_TYPE_MAX_LENGTH,
+        validators=[reject_unstorable_text],
         blank=True,
         default="",
         help_text="e.g. transactional, marketing: sets the attempt budget.",
@@ -263,7 +309,12 @@ class NotificationEntity(models.Model):
     resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True, default="")
     resolved_at = models.DateTimeField(null=True, blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
-    correlation_id = models.CharField(max_length=64, blank=True, default="")
+    correlation_id = models.CharField(
+        max_length=bounds.CORRELATION_ID_MAX_LENGTH,
+        blank=True,
+        default="",
+        validators=[reject_unstorable_text],
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -326,15 +377,35 @@ class NotificationEntity(models.Model):
                 name="nr_attempts_monotonic",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Update,
+                # The one other decrease: the refund of a claimed attempt that never started
+                # (delivery.release), by exactly one, in the UPDATE that gives the lease back.
                 condition=pgtrigger.Condition(
                     "NEW.requeue_count < OLD.requeue_count OR "
-                    "(NEW.attempts < OLD.attempts AND NEW.requeue_count = OLD.requeue_count)"
+                    "(NEW.attempts < OLD.attempts AND NEW.requeue_count = OLD.requeue_count AND NOT ("
+                    + REFUND_OF_UNSTARTED_CLAIM_SQL
+                    + "))"
                 ),
                 func=(
                     "RAISE EXCEPTION 'attempts may only decrease through an audited requeue "
                     "(notification %: attempts % -> %, requeue_count % -> %)', OLD.id, OLD.attempts, "
                     "NEW.attempts, OLD.requeue_count, NEW.requeue_count USING ERRCODE = 'check_violation'; "
                     "RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="nr_lease_cleared_with_status",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Update,
+                # A writer that does not hold the claim (the monolith marking a leased row Sent) would
+                # leave a final row with a live lease, which the worker's finalize then fails on.
+                condition=pgtrigger.Condition(
+                    "OLD.claim_token IS NOT NULL AND NEW.status IS DISTINCT FROM OLD.status AND "
+                    "(NEW.claim_token IS NOT NULL OR NEW.claim_expires_at IS NOT NULL)"
+                ),
+                func=(
+                    "RAISE EXCEPTION 'INV-LEASE: notification % is leased (claim %): its status changes only "
+                    "in the UPDATE that clears the lease (claim_token and claim_expires_at set to NULL)', "
+                    "OLD.id, OLD.claim_token USING ERRCODE = 'check_violation'; RETURN NULL;"
                 ),
             ),
             pgtrigger.Trigger(
@@ -382,6 +453,23 @@ class NotificationEntity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel_id}:{self.id} ({self.status})"
+
+    def clean_fields(self, exclude: Any = None) -> None:
+        """Check the payload first, iteratively: Django's JSONField.validate encodes it recursively,
+        so a payload nested past Python's recursion limit would raise RecursionError instead."""
+        errors: dict[str, list[ValidationError]] = {}
+        if exclude is None or "payload" not in exclude:
+            try:
+                reject_invalid_payload(self.payload)
+            except ValidationError as exc:
+                errors["payload"] = exc.error_list
+                exclude = {*(exclude or ()), "payload"}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as exc:
+            errors.update(exc.error_dict)
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def is_dead_letter(self) -> bool:

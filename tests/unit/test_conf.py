@@ -8,6 +8,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
+from notifications_retry import bounds
 from notifications_retry.conf import RetrySettings, get_settings, settings_problems
 
 
@@ -62,11 +63,15 @@ def test_webhook_hosts_list_becomes_a_tuple() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [
-        ("BATCH_SIZE", 0, "BATCH_SIZE must be a positive integer"),
-        ("BATCH_SIZE", "200", "BATCH_SIZE must be a positive integer"),
-        ("BATCH_SIZE", True, "BATCH_SIZE must be a positive integer"),
+        ("BATCH_SIZE", 0, "BATCH_SIZE must be an integer from 1 to 1000000, got 0"),
+        ("BATCH_SIZE", "200", "BATCH_SIZE must be an integer from 1 to 1000000"),
+        ("BATCH_SIZE", True, "BATCH_SIZE must be an integer from 1 to 1000000"),
+        ("BATCH_SIZE", 2_000_000, "BATCH_SIZE must be an integer from 1 to 1000000"),
         ("CLAIM_CHUNK_SIZE", -1, "CLAIM_CHUNK_SIZE"),
-        ("MAX_DURATION_SECONDS", 0, "MAX_DURATION_SECONDS must be a positive number"),
+        ("MAX_DURATION_SECONDS", 0, "MAX_DURATION_SECONDS must be a number > 0 and <= 86400, got 0"),
+        ("MAX_DURATION_SECONDS", float("nan"), "MAX_DURATION_SECONDS must be a number > 0"),
+        ("INTERVAL_SECONDS", float("inf"), "INTERVAL_SECONDS must be a number > 0 and <= 86400"),
+        ("INTERVAL_SECONDS", 1e13, "INTERVAL_SECONDS must be a number > 0 and <= 86400"),
         ("INTERVAL_SECONDS", -5.0, "INTERVAL_SECONDS"),
         ("LEASE_GRACE_SECONDS", -1, "LEASE_GRACE_SECONDS"),
         ("JITTER_RATIO", 1.0, "JITTER_RATIO"),
@@ -76,6 +81,13 @@ def test_webhook_hosts_list_becomes_a_tuple() -> None:
         ("LOCK_DATABASE_ALIAS", "", "LOCK_DATABASE_ALIAS"),
         ("LOCK_DATABASE_POOLED", "yes", "LOCK_DATABASE_POOLED"),
         ("ATTEMPTS_BY_TYPE", {"marketing": 0}, "ATTEMPTS_BY_TYPE"),
+        ("ATTEMPTS_BY_TYPE", {"marketing": 101}, "each an integer from 1 to 100"),
+        ("MAX_PAYLOAD_BYTES", 0, "MAX_PAYLOAD_BYTES must be an integer from 1024 to 16777216"),
+        ("MAX_PAYLOAD_BYTES", 1 << 30, "MAX_PAYLOAD_BYTES"),
+        ("MAX_PAYLOAD_DEPTH", 100_000, "MAX_PAYLOAD_DEPTH must be an integer from 1 to 256"),
+        ("WORKER_THREADS", 10_000, "WORKER_THREADS"),
+        ("LEASE_GRACE_SECONDS", float("nan"), "LEASE_GRACE_SECONDS"),
+        ("LOCK_IDLE_SESSION_TIMEOUT_SECONDS", 10**12, "LOCK_IDLE_SESSION_TIMEOUT_SECONDS"),
         ("PROVIDERS", {"sms": 42}, "PROVIDERS"),
         ("LANES", {"bulk": {"queues": []}}, "LANES['bulk']"),
         ("LANES", [], "LANES must be a mapping"),
@@ -104,3 +116,27 @@ def test_valid_non_default_values_pass() -> None:
         }
     )
     assert settings_problems(conf) == []
+
+
+@pytest.mark.parametrize(("name", "bound"), list(bounds.SETTINGS.items()))
+def test_every_numeric_key_refuses_just_outside_its_bounds(name: str, bound: bounds.Bound) -> None:
+    below = bound.low if bound.low_open else bound.low - (1 if bound.integer else 0.001)
+    above = bound.high if bound.high_open else bound.high + (1 if bound.integer else 0.001)
+    for value in (below, above):
+        problems = settings_problems(dataclasses.replace(RetrySettings(), **{name: value}))
+        assert [p for p in problems if p.startswith(f"{name} must be")], (name, value)
+    for value in (bound.low if not bound.low_open else None, bound.high if not bound.high_open else None):
+        if value is not None:
+            value = int(value) if bound.integer else value
+            conf = dataclasses.replace(RetrySettings(), **{name: value})
+            assert settings_problems(conf) == [], (name, value)
+
+
+def test_every_numeric_key_has_bounds() -> None:
+    numeric = {
+        f.name
+        for f in dataclasses.fields(RetrySettings)
+        if isinstance(getattr(RetrySettings(), f.name), int | float)
+        and not isinstance(getattr(RetrySettings(), f.name), bool)
+    }
+    assert numeric - set(bounds.SETTINGS) == set()

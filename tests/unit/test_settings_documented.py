@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import notifications_retry
-from notifications_retry import api
+from notifications_retry import api, bounds
 from notifications_retry.conf import RetrySettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +62,16 @@ def test_public_names_resolve_lazily_and_have_docstrings() -> None:
         if callable(value) and not isinstance(value, type):
             assert (value.__doc__ or "").strip(), name
     assert set(api.__all__) <= set(notifications_retry.__all__)
+
+
+@pytest.mark.parametrize(("name", "bound"), list(bounds.SETTINGS.items()))
+def test_documented_range_matches_the_code(name: str, bound: bounds.Bound) -> None:
+    row = _documented_rows()[name]
+    assert f"| {bound.describe()} |" in f"|{row}", f"{name}: expected range {bound.describe()!r} in: {row}"
+
+
+@pytest.mark.parametrize(("field", "bound"), list(bounds.CHANNEL_FIELDS.items()))
+def test_channel_field_ranges_are_documented(field: str, bound: bounds.Bound) -> None:
+    rows = [line for line in SETTINGS_DOC.read_text().splitlines() if line.startswith(f"| `{field}` |")]
+    assert len(rows) == 1, f"{field} needs one row in the channel fields table"
+    assert bound.describe() in rows[0], f"{field}: expected {bound.describe()!r} in: {rows[0]}"
