@@ -8,13 +8,10 @@ locks do not survive PgBouncer transaction pooling: point ``LOCK_DATABASE_ALIAS`
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any
 
 import psycopg
 from django.db import connections
-
-logger = logging.getLogger(__name__)
 
 
 def dedicated_connection(using: str, application_name: str) -> psycopg.Connection[Any]:
@@ -47,6 +44,8 @@ class AdvisoryLock:
         self._conn: psycopg.Connection[Any] | None = None
         self._key: int | None = None
         self.held = False
+        #: Why the last ``acquire`` could not ask PostgreSQL (None: it asked, whatever the answer).
+        self.last_error: psycopg.Error | None = None
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is not None and not self._conn.closed:
@@ -67,12 +66,17 @@ class AdvisoryLock:
         return self._key
 
     def acquire(self) -> bool:
-        """Try to take the lock without waiting; True when this process owns the cycle."""
+        """Try to take the lock without waiting; True when this process owns the cycle.
+
+        False also when the database could not be asked: ``last_error`` then says why, so the
+        caller can report the failure instead of "held by another instance".
+        """
+        self.last_error = None
         try:
             conn = self._connect()
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-        except psycopg.Error:
-            logger.warning("advisory lock connection failed; skipping this tick", exc_info=True)
+        except psycopg.Error as exc:
+            self.last_error = exc
             self._discard()
             return False
         self.held = bool(row and row[0])

@@ -24,8 +24,9 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
+import psycopg
 import structlog
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, connection
 from django.db.models import Count
 
 from notifications_retry.clock import Clock, default_clock
@@ -42,7 +43,7 @@ from notifications_retry.delivery import (
     finalize,
     release,
 )
-from notifications_retry.engine import lane_shares
+from notifications_retry.engine import failures, lane_shares
 from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
 from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.exceptions import ProviderError
@@ -93,6 +94,9 @@ class TickStats:
     stopped: bool = False
     deadline_reached: bool = False
     duration_ms: float = 0.0
+    error: str = ""  # one line: what failed on the database (engine.failures); empty when none did
+    error_kind: str = ""
+    skip_reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -303,6 +307,7 @@ class Worker:
         # Looping (run without once): the lane stays on the board between ticks, see lane_shares.
         self._looping = False
         self._board = lane_shares.LaneBoard(self.lane, self.conf.LANES)
+        self._backoff = failures.Backoff(self.interval)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -335,7 +340,7 @@ class Worker:
                 if once or self.stopping:
                     break
                 # A tick never overlaps the next: wait the rest of the interval, waking on stop.
-                remaining = self.interval - (time.monotonic() - started)
+                remaining = self._backoff.pause(bool(ticks[-1].error)) - (time.monotonic() - started)
                 if remaining > 0:
                     if self._sleep is not None:
                         self._sleep(remaining)
@@ -374,8 +379,10 @@ class Worker:
         try:
             _drop_broken_connection()
             if not self.lock.acquire():
-                stats.skipped = True
-                bound.info("retry-cycle-skipped", reason="lock held by another instance")
+                if self.lock.last_error is not None:
+                    raise self.lock.last_error
+                stats.skipped, stats.skip_reason = True, failures.LOCK_HELD
+                bound.info("retry-cycle-skipped", reason=stats.skip_reason)
                 return stats
             metrics.LOCK_HELD.labels(self.lane).set(1)
             metrics.LAST_TICK_STARTED.labels(self.lane).set(time.time())
@@ -404,9 +411,13 @@ class Worker:
                 self._board.end_tick(self._looping, self.interval, bool(self._flight.running), bound)
                 self.lock.release()
                 metrics.LOCK_HELD.labels(self.lane).set(0)
-        except (OperationalError, InterfaceError) as exc:
-            # The database went away: log, drop the connection, let the next tick reconnect.
-            bound.error("retry-cycle-database-error", error=repr(exc))
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            failure = failures.classify(exc, self.lock.using if exc is self.lock.last_error else "default")
+            if failure is None:
+                raise
+            # Unreachable or not migrated: one line, drop the connection, let the next tick reconnect.
+            stats.error, stats.error_kind = failure.message, failure.kind
+            bound.error("retry-cycle-database-error", error=failure.message, kind=failure.kind)
             connection.close()
             self.lock.close()
             return stats
