@@ -100,7 +100,9 @@ class Command(BaseCommand):
             )
         if options["loop"]:
             self._say(f"\nworker loop every {options['interval']:g}s; Ctrl-C stops it at a record boundary")
-            call_command("retry_worker", "--interval", str(options["interval"]))
+            interval = options["interval"]
+            # A tick may not outlast the interval (the command warns otherwise).
+            call_command("retry_worker", "--interval", str(interval), "--max-duration", f"{interval * 0.8:g}")
 
     def _say(self, text: str) -> None:
         self.stdout.write(text)
