@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,9 +83,14 @@ def counted_from(rows: list[dict[str, str]]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def pgdata(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The embedded server's data directory, as ``make demo`` uses it (no DATABASE_URL)."""
-    data = tmp_path_factory.mktemp("demo") / ".pgdata"
+def pgdata() -> Iterator[Path]:
+    """The embedded server's data directory, as ``make demo`` uses it (no DATABASE_URL).
+
+    Not under pytest's temporary directory: run as root, pgserver starts PostgreSQL as its own user,
+    and every pytest run on the machine makes pytest's directory private to root again.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="nr_demo_"))
+    data = scratch / ".pgdata"
     yield data
     if (data / "postmaster.pid").exists():  # a failed test left it running
         subprocess.run(
@@ -93,6 +99,7 @@ def pgdata(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             env=demo_env(PGSERVER_DATA_DIR=str(data)),
             timeout=60,
         )
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def assert_stopped(pgdata: Path) -> None:
@@ -160,11 +167,13 @@ def test_demo_admin_creates_a_superuser_whose_printed_credentials_open_the_admin
         text=True,
     )
     try:
-        printed = {}
+        printed: dict[str, str] = {}
+        seen: list[str] = []
         assert server.stdout is not None
         while "password" not in printed:
             line = server.stdout.readline()
-            assert line, "demo_admin exited before printing the credentials"
+            assert line, "demo_admin exited before printing the credentials:\n" + "".join(seen)
+            seen.append(line)
             if ":" in line and line.startswith("  "):
                 key, value = line.strip().split(":", 1)
                 printed[key] = value.strip()
