@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo test lint type bench bench-relay soak clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-relay soak clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -11,9 +11,18 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test,example,dev,otel]'
 	touch $@
 
-# The example project's demo, on an embedded PostgreSQL unless DATABASE_URL is set.
+# The example project's demo, on an embedded PostgreSQL in .pgdata unless DATABASE_URL is set; the
+# embedded server stops when the last command using it exits.
 demo: $(VENV)/.installed
 	$(PY) manage.py demo
+
+# The admin on the demo data: a demo superuser (a fresh password, printed) and the development server.
+demo-admin: $(VENV)/.installed
+	$(PY) manage.py demo_admin
+
+# Stop an embedded PostgreSQL left running in .pgdata (by a demo that was killed).
+demo-stop:
+	@if [ -x $(PY) ]; then PGSERVER_DATA_DIR=$(CURDIR)/.pgdata $(PY) -m example_project.embedded_postgres stop; fi
 
 # The test suite against a real PostgreSQL (the local server, started when it is down).
 test: $(VENV)/.installed
@@ -58,5 +67,8 @@ tox: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	PATH="$(PYENV_BINS)$$PATH" DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(VENV)/bin/tox $(TOX_ARGS)
 
-clean:
+# Never deletes .pgdata under a running server: it is stopped first, or clean refuses.
+clean: demo-stop
+	@if [ -f .pgdata/postmaster.pid ] && kill -0 "$$(head -n 1 .pgdata/postmaster.pid)" 2>/dev/null; then \
+		echo "a PostgreSQL server still runs in .pgdata: stop it first (make demo-stop)" >&2; exit 1; fi
 	rm -rf $(VENV) .pgdata build dist *.egg-info

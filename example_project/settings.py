@@ -7,7 +7,6 @@ package) is started in ``./.pgdata`` so a newcomer needs no server to try the ap
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,10 @@ def _database() -> dict[str, Any]:
     if url:
         return dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
     # Imported here so that a deployment with DATABASE_URL never needs pgserver installed.
-    with warnings.catch_warnings():
-        # platformdirs complains about XDG_RUNTIME_DIR in containers; pgserver does not need it.
-        warnings.simplefilter("ignore")
-        import pgserver
+    from example_project import embedded_postgres
 
-    data_dir = Path(os.environ.get("PGSERVER_DATA_DIR", BASE_DIR / ".pgdata"))
-    # cleanup_mode=None: the server outlives this process and the next command reuses it.
-    server = pgserver.get_server(data_dir, cleanup_mode=None)  # type: ignore[attr-defined]
-    return dict(dj_database_url.parse(server.get_uri()))
+    # The last process using the embedded server stops it at exit; `make demo-stop` stops a leftover.
+    return dict(dj_database_url.parse(embedded_postgres.database_url(embedded_postgres.data_dir())))
 
 
 DATABASES = {"default": _database()}

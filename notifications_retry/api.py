@@ -62,12 +62,24 @@ def _channel(channel: ChannelConfig | str) -> ChannelConfig:
         raise ChannelConfig.DoesNotExist(f"no channel with key {channel!r}") from None
 
 
+def _tenant_uuid(value: object) -> uuid.UUID | None:
+    """``tenant_id`` as a UUID: an int would be stored silently as ``00000000-…-000000000005``."""
+    if value is None or isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            raise ValueError(f"tenant_id must be a UUID, got {value!r}") from None
+    raise TypeError(f"tenant_id must be a UUID (or its string form), got {type(value).__name__} {value!r}")
+
+
 def create_notification(
     *,
     channel: ChannelConfig | str,
     recipient: str,
     payload: Mapping[str, Any] | None = None,
-    tenant_id: uuid.UUID | None = None,
+    tenant_id: uuid.UUID | str | None = None,
     notification_type: str = "",
     priority: int = NotificationEntity.Priority.NORMAL,
     scheduled_at: datetime | None = None,
@@ -95,6 +107,7 @@ def create_notification(
         raise ValueError("scheduled_at must be an aware datetime (USE_TZ): the worker compares it in UTC")
     if expires_at is not None and timezone.is_naive(expires_at):
         raise ValueError("expires_at must be an aware datetime (USE_TZ)")
+    tenant_id = _tenant_uuid(tenant_id)
     with transaction.atomic():
         notification = NotificationEntity.objects.create(
             id=notification_id or uuid.uuid4(),

@@ -125,6 +125,8 @@ class AdvisoryLock:
         # The server process of the proven session: every later statement must run there.
         self._pid: int | None = None
         self.held = False
+        #: Why the last ``acquire`` could not ask PostgreSQL (None: it asked, whatever the answer).
+        self.last_error: psycopg.Error | None = None
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is not None and not self._conn.closed:
@@ -202,8 +204,8 @@ class AdvisoryLock:
             listed: tuple[Any, ...] | None = None
             if got:
                 listed = conn.execute(_LOCK_LISTED, (self._key,)).fetchone()
-        except psycopg.Error:
-            logger.warning("advisory lock connection failed; skipping this tick", exc_info=True)
+        except psycopg.Error as exc:
+            self.last_error = exc
             self._discard()
             return False
         if pid != self._pid:

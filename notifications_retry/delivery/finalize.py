@@ -235,6 +235,7 @@ FROM unnest(%s::uuid[], %s::uuid[]) AS v(id, token)
 WHERE t.id = v.id AND t.claim_token = v.token
 """
 
+
 def release(records: Sequence[ClaimedRecord]) -> int:
     """Give back leased records that were never sent (a graceful stop): as they were before the claim.
 

@@ -197,6 +197,8 @@ class ChannelSet:
             )
             # A new breaker starts closed; publishing it makes "circuit open" alerts resolvable.
             metrics.CIRCUIT_STATE.labels(config.key).set(metrics.CIRCUIT_STATE_VALUES["closed"])
+            # Every labelled series at zero from the start, so a first batch of failures is an increase.
+            metrics.precreate_series([config.key], metrics.BUILTIN_ERROR_KINDS, [])
             self.runtimes[config.pk] = runtime
             self._fingerprints[config.pk] = fingerprint
         runtime.reset_for_tick(config)

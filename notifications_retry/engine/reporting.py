@@ -26,8 +26,9 @@ class TickStats:
     skipped: bool = False
     #: Why the tick did not run (``skipped``), in words that are always true.
     skip_reason: str = ""
-    #: The database error that ended the tick early, if one did.
+    #: The database error that ended the tick early, in one line (see engine.failures), and its kind.
     error: str = ""
+    error_kind: str = ""
     processed: int = 0
     sent: int = 0
     retried: int = 0

@@ -22,11 +22,13 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
+import psycopg
 import structlog
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, connection
 
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
+from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.dispatcher import Dispatcher
@@ -86,6 +88,8 @@ class Worker:
             idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
         )
         self._stop = threading.Event()
+        self._backoff = failures.Backoff(self.interval)
+        metrics.precreate_series([], [], [self.lane])
         self._stop_at: float | None = None
         self.channels = ChannelSet(conf, conf.LANES, self.lane, lane_channels(conf.LANES, self.lane))
         self._send_loop: SendLoop | None = None
@@ -147,7 +151,8 @@ class Worker:
                 if once or self.stopping:
                     break
                 # A tick never overlaps the next: wait the rest of the interval, waking on stop.
-                remaining = self.interval - (self.monotonic() - started)
+                # After a failed tick the pause grows (capped), so a database outage is not hammered.
+                remaining = self._backoff.pause(bool(ticks[-1].error)) - (self.monotonic() - started)
                 if remaining > 0:
                     if self._sleep is not None:
                         self._sleep(remaining)
@@ -182,8 +187,9 @@ class Worker:
             # Outcomes a database outage left in hand go first: their leases are running out.
             self._commit_waiting(bound)
             if not self.lock.acquire():
-                stats.skipped = True
-                stats.skip_reason = "lock held by another instance"
+                if self.lock.last_error is not None:
+                    raise self.lock.last_error  # the database could not be asked: not "held"
+                stats.skipped, stats.skip_reason = True, failures.LOCK_HELD
                 bound.info("retry-cycle-skipped", reason=stats.skip_reason)
                 return stats
             metrics.LOCK_HELD.labels(self.lane).set(1)
@@ -193,13 +199,14 @@ class Worker:
             finally:
                 self.lock.release()
                 metrics.LOCK_HELD.labels(self.lane).set(0)
-        except (OperationalError, InterfaceError) as exc:
-            # The database went away: finish the calls in flight and keep their outcomes for when
-            # it is back; drop the connection so that the next statement reconnects.
-            stats.error = (
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            )
-            bound.error("retry-cycle-database-error", error=stats.error)
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            failure = failures.classify(exc, self.lock.using if exc is self.lock.last_error else "default")
+            if failure is None:
+                raise
+            # Unreachable or not migrated: one line; finish the calls in flight and keep their
+            # outcomes for when the database is back; the next statement reconnects.
+            stats.error, stats.error_kind = failure.message, failure.kind
+            bound.error("retry-cycle-database-error", error=failure.message, kind=failure.kind)
             self._abandon_tick(bound)
             return stats
         stats.duration_ms = (self.monotonic() - started) * 1000

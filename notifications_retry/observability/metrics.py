@@ -96,6 +96,9 @@ BUILTIN_ERROR_KINDS = (
     "retriable",
     "permanent",
     "provider_error",
+    "provider_crash",
+    "invalid_recipient",
+    "cancelled",
 )
 
 

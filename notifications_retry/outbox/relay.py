@@ -35,7 +35,7 @@ from django.db import DatabaseError, connection, transaction
 from notifications_retry import events
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
-from notifications_retry.locks import dedicated_connection
+from notifications_retry.locks import dedicated_connection, direct_session_pid
 from notifications_retry.models import Outbox
 from notifications_retry.outbox.publishers import Publisher, PublishError, get_publisher
 
@@ -80,6 +80,8 @@ class KeyLocks:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._conn = dedicated_connection(self.using, "notifications_retry relay")
+        # Key locks are session advisory locks too: refuse a pooled session as the worker's lock does.
+        direct_session_pid(self._conn, self.using)
         return self._conn
 
     def acquire(self, keys: Sequence[str]) -> set[str]:

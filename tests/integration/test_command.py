@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,26 +15,41 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from notifications_retry.models import NotificationEntity
+import notifications_retry
+from notifications_retry.locks import AdvisoryLock
+from notifications_retry.models import NotificationEntity, WorkerHeartbeat
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.databases import closed_port, scratch_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def command_env(database_url: str | None = None, database_name: str | None = None) -> dict[str, str]:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "NR_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
+        "NR_TEST_DATABASE_NAME": database_name or connection.settings_dict["NAME"],
     }
+    if database_url:
+        env["DATABASE_URL"] = database_url
+    return env
+
+
+def run_command(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "django", "retry_worker", *args],
         cwd=ROOT,
-        env=env,
+        env=env or command_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -54,7 +71,8 @@ def test_once_runs_one_tick_and_exits_zero():
     [
         (["--batch-size", "0"], "must be >= 1"),
         (["--batch-size", "ten"], "expected a whole number"),
-        (["--interval", "-5"], "must be >= 0"),
+        (["--interval", "-5"], "must be > 0"),
+        (["--interval", "0"], "must be > 0"),
         (["--max-duration", "0"], "must be > 0"),
         (["--lane", "nope", "--once"], "unknown lane 'nope'"),
     ],
@@ -72,9 +90,121 @@ def test_bad_options_exit_2_with_a_clear_message(args, message):
 
 
 @pytest.mark.django_db
-def test_call_command_once_in_process():
-    ChannelFactory(key="in_app")
+def test_call_command_once_in_process_completes_a_tick_with_nothing_due():
+    channel = ChannelFactory(key="in_app")
+    later = NotificationFactory(
+        channel=channel, status="pending", scheduled_at=timezone.now() + timedelta(hours=1)
+    )
     call_command("retry_worker", "--once", "--batch-size", "10", "--max-duration", "5")
+    heartbeat = WorkerHeartbeat.objects.get(lane="default")
+    assert heartbeat.last_tick_completed_at is not None
+    assert heartbeat.last_tick_stats["processed"] == 0
+    assert heartbeat.last_tick_stats["skipped"] is False and heartbeat.last_tick_stats["error"] == ""
+    later.refresh_from_db()
+    assert later.status == NotificationEntity.Status.PENDING and later.attempts == 0
+
+
+def test_once_with_the_database_unreachable_exits_3_with_one_line_and_no_traceback():
+    port = closed_port()
+    result = run_command(
+        "--once", env=command_env(f"postgres://postgres@127.0.0.1:{port}/nr_nowhere", "nr_nowhere")
+    )
+    assert result.returncode == 3, result.stderr
+    assert stderr_lines(result) == [
+        f"CommandError: database 'nr_nowhere' on 127.0.0.1:{port} is unreachable: connection failed: "
+        f'connection to server at "127.0.0.1", port {port} failed: Connection refused'
+    ]
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    assert "lock held" not in output and "retry-cycle-skipped" not in output
+    assert output.count("retry-cycle-database-error") == 1
+
+
+def test_once_with_the_database_unreachable_and_traceback_shows_it():
+    env = command_env(f"postgres://postgres@127.0.0.1:{closed_port()}/nr_nowhere", "nr_nowhere")
+    result = run_command("--once", "--traceback", env=env)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "is unreachable" in result.stderr
+
+
+@pytest.mark.django_db
+def test_once_on_an_unmigrated_database_exits_4_and_says_run_migrate():
+    with scratch_database("nr_unmigrated") as empty:
+        result = run_command("--once", env=command_env(empty.url, empty.name))
+    assert result.returncode == 4, result.stderr
+    (line,) = stderr_lines(result)
+    assert line.startswith(f"CommandError: database '{empty.name}' on ")
+    assert "is not migrated (relation " in line and line.endswith(": run manage.py migrate")
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_once_while_another_instance_holds_the_lock_exits_0_and_says_so():
+    channel = ChannelFactory(key="in_app")
+    record = NotificationFactory(
+        channel=channel, status="failed", attempts=1, next_attempt_at=timezone.now() - timedelta(minutes=1)
+    )
+    holder = AdvisoryLock("notifications:retry-worker")
+    assert holder.acquire()
+    try:
+        result = run_command("--once")
+    finally:
+        holder.close()
+    assert result.returncode == 0, result.stderr
+    assert "retry-cycle-skipped" in result.stdout and "lock held by another instance" in result.stdout
+    assert stderr_lines(result) == []
+    record.refresh_from_db()
+    assert record.status == NotificationEntity.Status.FAILED and record.attempts == 1
+
+
+def test_the_loop_backs_off_with_one_line_per_failed_tick_and_stops_cleanly():
+    env = command_env(f"postgres://postgres@127.0.0.1:{closed_port()}/nr_nowhere", "nr_nowhere")
+    env["PYTHONUNBUFFERED"] = "1"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "retry_worker", "--interval", "0.1", "--max-duration", "0.05"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(4.5)  # ticks at 0, 1 and 3 s (back-off 1 s, 2 s, 4 s) instead of 45 at 0.1 s
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    output = stdout + stderr
+    assert 2 <= output.count("retry-cycle-database-error") <= 4, output
+    assert output.count("retry-cycle-database-error") == output.count("is unreachable")
+    assert "Traceback" not in output and "lock held" not in output
+
+
+def test_max_duration_not_shorter_than_interval_is_warned_about():
+    env = command_env(f"postgres://postgres@127.0.0.1:{closed_port()}/nr_nowhere", "nr_nowhere")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "retry_worker", "--interval", "5", "--max-duration", "10"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert "--max-duration 10 is not shorter than --interval 5" in stderr
+    once = run_command("--once", "--interval", "5", "--max-duration", "10", env=env)
+    assert "not shorter than" not in once.stderr  # --once runs no next tick to delay
+
+
+def test_version_is_the_apps():
+    result = run_command("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == notifications_retry.__version__
+    assert "exit status" in run_command("--help").stdout.lower()
 
 
 @pytest.mark.django_db

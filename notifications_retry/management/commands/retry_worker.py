@@ -2,6 +2,7 @@
 
 ``--metrics-port`` serves Prometheus metrics from this process (never started by importing the app);
 ``--check`` is a liveness probe: exit 1 when the lane's last completed tick is too old.
+Exit statuses are listed in ``EXIT_STATUSES`` (and docs/operations.md).
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from typing import Any
 import structlog
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+import notifications_retry
 from notifications_retry.conf import get_settings
+from notifications_retry.engine import failures
 from notifications_retry.engine.worker import run_worker
+from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
 from notifications_retry.observability.liveness import check_liveness
@@ -20,17 +24,34 @@ from notifications_retry.observability.liveness import check_liveness
 log = structlog.get_logger("notifications_retry.command")
 
 
+EXIT_STATUSES = (
+    "Exit status: 0 after a tick (or a graceful stop, or --once while another instance holds the lock); "
+    "1 --check found the last tick too old; 2 bad options; "
+    f"{failures.EXIT_STATUS[failures.UNREACHABLE]} --once could not reach the database "
+    "(or the database failed the tick); "
+    f"{failures.EXIT_STATUS[failures.NOT_MIGRATED]} --once found the database not migrated."
+)
+
+
 class Command(BaseCommand):
-    help = "Re-send due Failed notifications and send due deferred ones (one tick with --once, else a loop)."
+    help = (
+        "Re-send due Failed notifications and send due deferred ones (one tick with --once, else a loop). "
+        + EXIT_STATUSES
+    )
+
+    def get_version(self) -> str:
+        """The app's version (``--version``), not Django's."""
+        return notifications_retry.__version__
 
     def add_arguments(self, parser: CommandParser) -> None:
         conf = get_settings()
         parser.add_argument("--once", action="store_true", help="Run one tick and exit (cron, k8s CronJob).")
         parser.add_argument(
             "--interval",
-            type=option_types.non_negative_float,
+            type=option_types.positive_float,
             default=None,
-            help=f"Seconds between tick starts (default {conf.INTERVAL_SECONDS:g}).",
+            help=f"Seconds between tick starts, > 0 (default {conf.INTERVAL_SECONDS:g}); "
+            "longer after ticks that failed on the database (doubling from 1 s up to 30 s).",
         )
         parser.add_argument(
             "--batch-size",
@@ -90,16 +111,38 @@ class Command(BaseCommand):
         port = options["metrics_port"] if options["metrics_port"] is not None else get_settings().METRICS_PORT
         if port is not None:
             self._serve_metrics(options["metrics_addr"], port)
+        if not options["once"]:
+            self._warn_about_overlap(options)
         try:
-            run_worker(
+            ticks = run_worker(
                 once=options["once"],
                 batch_size=options["batch_size"],
                 max_duration=options["max_duration"],
                 interval=options["interval"],
                 lane=options["lane"],
             )
-        except ValueError as exc:
+        except (ValueError, LockNotDirect) as exc:
             raise CommandError(str(exc), returncode=2) from exc
+        # A loop that was stopped exits 0 whatever its last tick did; --once reports its one tick.
+        if options["once"] and ticks and ticks[-1].error:
+            status = failures.EXIT_STATUS.get(ticks[-1].error_kind, 3)
+            raise CommandError(ticks[-1].error, returncode=status)
+
+    def _warn_about_overlap(self, options: dict[str, Any]) -> None:
+        """Ticks never overlap: a tick allowed to outlast the interval delays the next one."""
+        conf = get_settings()
+        interval = options["interval"] if options["interval"] is not None else conf.INTERVAL_SECONDS
+        max_duration = (
+            options["max_duration"] if options["max_duration"] is not None else conf.MAX_DURATION_SECONDS
+        )
+        if max_duration >= interval:
+            self.stderr.write(
+                self.style.WARNING(
+                    f"warning: --max-duration {max_duration:g} is not shorter than --interval {interval:g}: "
+                    "a tick that runs that long delays the next one (ticks never overlap); "
+                    "give --max-duration less than --interval"
+                )
+            )
 
     def _check(self, options: dict[str, Any]) -> None:
         conflicting = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -43,11 +44,6 @@ class Command(BaseCommand):
         from notifications_retry.engine.worker import Worker
 
         stats = Worker(batch_size=200, max_duration=45.0, interval=60.0).tick()
-        stats_view = stats.as_dict() if hasattr(stats, "as_dict") else vars(stats)
-        interesting = ("processed", "sent", "retried", "terminal", "channel_disabled", "skipped")
-        self._say("worker tick: " + ", ".join(f"{k}={stats_view[k]}" for k in interesting if k in stats_view))
-        self._say("")
-
         after = {
             row.pk: row
             for row in NotificationEntity.objects.filter(correlation_id__startswith=f"{run}:").select_related(
@@ -75,20 +71,75 @@ class Command(BaseCommand):
                     detail[:48],
                 )
             )
+        # The headline counts this run's rows, like the table: the same tick also takes rows that
+        # earlier runs left due (a disabled channel's, a retry whose time has come).
+        counts = _run_counts(rows, before, after, now)
+        self._say(
+            "worker tick: " + ", ".join(f"{k}={v}" for k, v in counts.items()) + f", skipped={stats.skipped}"
+        )
+        earlier = {
+            "processed": stats.processed - counts["processed"],
+            "channel_disabled": stats.channel_disabled - counts["channel_disabled"],
+        }
+        if any(earlier.values()):
+            self._say(
+                "  (the same tick also handled rows of earlier demo runs: "
+                + ", ".join(f"{k}={v}" for k, v in earlier.items() if v)
+                + ")"
+            )
+        self._say("")
         self.stdout.write(_render(table))
         self._say(
             "\nFresh Pending rows (no scheduled_at) belong to the monolith's dispatcher: the worker left "
-            "the fresh one alone. Dead letters are triaged in the admin (manage.py runserver, /admin/)."
+            "the fresh one alone.\nDead letters are triaged in the admin: `make demo-admin` creates a demo "
+            "superuser, prints its password and serves http://127.0.0.1:8000/admin/ on this data."
         )
+        if not os.environ.get("DATABASE_URL"):
+            self._say(
+                "The embedded PostgreSQL stops when this command exits (`make demo-stop` stops a leftover)."
+            )
         if options["loop"]:
             self._say(f"\nworker loop every {options['interval']:g}s; Ctrl-C stops it at a record boundary")
-            call_command("retry_worker", "--interval", str(options["interval"]))
+            interval = options["interval"]
+            # A tick may not outlast the interval (the command warns otherwise).
+            call_command("retry_worker", "--interval", str(interval), "--max-duration", f"{interval * 0.8:g}")
 
     def _say(self, text: str) -> None:
         self.stdout.write(text)
 
 
+def _run_counts(
+    rows: list[NotificationEntity],
+    before: dict[Any, str],
+    after: dict[Any, NotificationEntity],
+    now: datetime,
+) -> dict[str, int]:
+    """What the tick did to this run's rows, counted as the worker counts (TickStats)."""
+    counts = dict.fromkeys(("processed", "sent", "retried", "terminal", "channel_disabled"), 0)
+    for row in rows:
+        done = after[row.pk]
+        if done.dead_lettered_at is not None:
+            counts["terminal"] += 1
+        elif done.status == NotificationEntity.Status.SENT:
+            counts["sent"] += 1
+        elif done.attempts > row.attempts:
+            counts["retried"] += 1
+        elif not done.channel.is_enabled and _was_due(row, now) and _state(done) == before[row.pk]:
+            counts["channel_disabled"] += 1
+    counts["processed"] = counts["sent"] + counts["retried"] + counts["terminal"]
+    return counts
+
+
+def _was_due(row: NotificationEntity, now: datetime) -> bool:
+    due_at = row.next_attempt_at if row.status == NotificationEntity.Status.FAILED else row.scheduled_at
+    return due_at is not None and due_at <= now
+
+
 def _describe_database() -> str:
+    if not os.environ.get("DATABASE_URL"):
+        from example_project.embedded_postgres import data_dir
+
+        return f"embedded PostgreSQL (pgserver) in {data_dir()}"
     settings = connection.settings_dict
     host = settings.get("HOST") or (settings.get("OPTIONS") or {}).get("host") or "local socket"
     return f"PostgreSQL {settings.get('NAME')} on {host}"

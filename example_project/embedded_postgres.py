@@ -1,0 +1,86 @@
+"""The example project's embedded PostgreSQL (the ``pgserver`` package) in ``./.pgdata``.
+
+Used only when ``DATABASE_URL`` is unset. Every process that opens it registers itself, and the last
+one to exit stops the server (pgserver's ``stop`` cleanup), so ``make demo`` leaves nothing running.
+A process that was killed cannot stop it: ``make demo-stop`` (``python -m
+example_project.embedded_postgres stop``) does, and ``make clean`` runs it before deleting ``.pgdata``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# pgserver runs the server as this user when started by root (PostgreSQL refuses to run as root).
+_ROOT_SERVER_USER = "pgserver"
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("PGSERVER_DATA_DIR", BASE_DIR / ".pgdata"))
+
+
+def _pgserver():  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        # platformdirs complains about XDG_RUNTIME_DIR in containers; pgserver does not need it.
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    return pgserver
+
+
+def database_url(directory: Path) -> str:
+    """Start (or join) the server in ``directory``; it stops when the last process using it exits."""
+    server = _pgserver().get_server(directory, cleanup_mode="stop")
+    return str(server.get_uri())
+
+
+def running_pid(directory: Path) -> int | None:
+    """The server's pid when one runs in ``directory`` (its ``postmaster.pid`` names a live process)."""
+    try:
+        pid = int((directory / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by the server's own user
+    return pid
+
+
+def stop(directory: Path) -> bool:
+    """Stop the server running in ``directory``; False when none was running."""
+    pid = running_pid(directory)
+    if pid is not None:
+        user = _ROOT_SERVER_USER if os.geteuid() == 0 else None
+        _pgserver().pg_ctl(["-w", "-m", "fast", "stop"], pgdata=directory, user=user, timeout=60)
+    # Forget the processes registered as using it: a killed one would keep the next server running.
+    with contextlib.suppress(FileNotFoundError):
+        (directory / ".handle_pids.json").unlink()
+    return pid is not None
+
+
+def main(argv: list[str]) -> int:
+    directory = data_dir()
+    if argv == ["stop"]:
+        print(
+            f"stopped the PostgreSQL server in {directory}"
+            if stop(directory)
+            else f"none running in {directory}"
+        )
+        return 0
+    if argv == ["status"]:
+        pid = running_pid(directory)
+        print(f"PostgreSQL runs in {directory} (pid {pid})" if pid else f"none running in {directory}")
+        return 0 if pid else 1
+    print("usage: python -m example_project.embedded_postgres stop|status", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,47 @@
+"""docs/upgrading.md and the exit-status table say what the code does."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+
+import notifications_retry
+from notifications_retry.engine import failures
+
+ROOT = Path(__file__).resolve().parents[2]
+UPGRADING = (ROOT / "docs" / "upgrading.md").read_text()
+MOVED = re.compile(r"^\| `(notifications_retry[\w.]*)`[^|]*\| `(notifications_retry[\w.]*)`[^|]*\|$", re.M)
+
+
+def exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is gone
+        return False
+
+
+def test_every_moved_module_is_gone_from_its_old_path_and_imports_from_its_new_one():
+    moves = MOVED.findall(UPGRADING)
+    assert len(moves) >= 10
+    for old, new in moves:
+        assert exists(new), new
+        if old != new:
+            assert not exists(old), f"{old} still exists: the table says it moved"
+
+
+def test_the_exit_statuses_documented_are_the_ones_retry_worker_uses():
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    table = dict(re.findall(r"^\| (\d) \| (.+) \|$", operations, re.M))
+    assert "unreachable" in table[str(failures.EXIT_STATUS[failures.UNREACHABLE])]
+    assert "not migrated" in table[str(failures.EXIT_STATUS[failures.NOT_MIGRATED])]
+    assert "lock" in table["0"] and "bad options" in table["2"]
+
+
+def test_the_version_is_one_and_the_changelog_has_notes_for_it():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == notifications_retry.__version__
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## [{notifications_retry.__version__}]" in changelog
+    assert "docs/upgrading.md" in changelog.split("## [", 2)[1]  # the unreleased section points at it
