@@ -97,6 +97,7 @@ SETTINGS: dict[str, Bound] = {
     "LOCK_IDLE_SESSION_TIMEOUT_SECONDS": Bound(1, _DAY, integer=True),
     "CLAIM_CHUNK_SIZE": Bound(1, 10_000, integer=True),
     "LEASE_GRACE_SECONDS": Bound(0, 3_600),
+    "TRANSACTION_TIMEOUT_SECONDS": Bound(1, 3_600),
     "JITTER_RATIO": Bound(0, 1, high_open=True),
     "WORKER_THREADS": Bound(1, 512, integer=True),
     "CIRCUIT_FAILURE_THRESHOLD": Bound(1, 10_000, integer=True),

@@ -32,6 +32,7 @@ class RetrySettings:
     LOCK_DATABASE_POOLED: bool = False
     CLAIM_CHUNK_SIZE: int = 100
     LEASE_GRACE_SECONDS: float = 30.0
+    TRANSACTION_TIMEOUT_SECONDS: float = 30.0
     JITTER_RATIO: float = 0.1
     CLOCK: str = "database"
     WORKER_THREADS: int = 32

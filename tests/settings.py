@@ -62,3 +62,6 @@ NOTIFICATIONS_RETRY: dict[str, object] = {}
 if os.environ.get("NR_TEST_SETTINGS_JSON"):
     NOTIFICATIONS_RETRY = json.loads(os.environ["NR_TEST_SETTINGS_JSON"])
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing: tests only
+# The process test of a frozen worker: it stops itself inside its first finalize transaction.
+if os.environ.get("NR_TEST_FREEZE_IN_FINALIZE"):
+    INSTALLED_APPS.append("tests.support.freeze_in_finalize.FreezeInFinalizeConfig")

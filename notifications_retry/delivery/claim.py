@@ -21,7 +21,8 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
-from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, reachable
+from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, first_line, reachable
+from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import (
     TERMINAL,
@@ -168,18 +169,18 @@ def claim_due(
                 # Writing the outcomes failed, not the claim: lease instead, and let the usual
                 # per-record finalize isolate the bad row.
                 logger.warning(
-                    "writing %d outcomes delivered inside their claim failed; claiming with leases",
+                    "writing %d outcomes delivered inside their claim failed (%s); claiming with leases",
                     delivered,
-                    exc_info=True,
+                    first_line(exc),
                 )
             else:
-                return claim.isolate(plan, total)
+                return claim.isolate(plan, total, exc)
     try:
         return claim.run(plan, total, None)
     except DatabaseError as exc:
         if connection_lost(exc) and not reachable():
             raise
-        return claim.isolate(plan, total)
+        return claim.isolate(plan, total, exc)
 
 
 class _Claim:
@@ -209,6 +210,7 @@ class _Claim:
         records: list[ClaimedRecord] = []
         settled: list[Outcome] = []
         with transaction.atomic(), connection.cursor() as cursor:
+            bound_transaction(cursor)
             cursor.execute(sql, params)
             rows = cursor.fetchall()
             # A row whose lease expired was in flight when a worker died: maybe it killed the worker.
@@ -280,9 +282,9 @@ class _Claim:
             before_send(attempts_done=attempts, budget=budget, expires_at=expires_at, now=self.now),
         )
 
-    def isolate(self, plan: Sequence[ChannelClaim], total: int) -> ClaimBatch:
+    def isolate(self, plan: Sequence[ChannelClaim], total: int, cause: BaseException) -> ClaimBatch:
         """The batch failed as a whole: claim its rows one by one and set aside those that fail alone."""
-        logger.warning("claim of a batch failed; claiming its rows one by one", exc_info=True)
+        logger.warning("claim of a batch failed (%s); claiming its rows one by one", first_line(cause))
         with connection.cursor() as cursor:
             sql, params = claim_query(self.now, plan, total=total, priorities=self.priorities, skip=self.skip)
             # Ids only: reading the other columns is what may have failed.

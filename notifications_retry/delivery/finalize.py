@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from notifications_retry import events
+from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.models import (
     CONTRACT_VERSION,
     DISPATCHED_TOPIC,
@@ -43,6 +44,11 @@ class FinalizeReport:
     applied: list[Outcome] = dataclasses.field(default_factory=list)
     stale: list[Outcome] = dataclasses.field(default_factory=list)
     failed: list[Outcome] = dataclasses.field(default_factory=list)
+
+
+#: A test hook: called inside a bulk finalize's transaction, just before it commits (the process
+#: tests freeze the worker there to prove the server ends the transaction). None in production.
+BEFORE_COMMIT: Callable[[], None] | None = None
 
 
 class CommitUnavailable(Exception):
@@ -134,6 +140,8 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
             }
         )
     with connection.cursor() as cursor:
+        if guarded:  # the claim's own transaction (unguarded) is bounded already
+            bound_transaction(cursor)
         cursor.execute(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
         applied_rows = {row[0]: row for row in cursor.fetchall()}
         applied = [o for o in outcomes if o.record.id in applied_rows]
@@ -185,13 +193,16 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
     try:
         with transaction.atomic():
             applied = apply_outcomes(outcomes, now, guarded=True)
+            if BEFORE_COMMIT is not None:
+                BEFORE_COMMIT()
         _sort(report, outcomes, applied)
         return report
     except DatabaseError as exc:
         if connection_lost(exc) and not reachable():
             raise CommitUnavailable(repr(exc), outcomes) from exc
+        # One line, no traceback: a database blip must not flood the log.
         logger.warning(
-            "bulk finalize of %d outcomes failed; finalizing one by one", len(outcomes), exc_info=True
+            "bulk finalize of %d outcomes failed (%s); finalizing one by one", len(outcomes), first_line(exc)
         )
     for index, outcome in enumerate(outcomes):
         try:
@@ -202,12 +213,19 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
             if connection_lost(exc) and not reachable():
                 # What was applied one by one so far is committed; hand back only the rest.
                 raise CommitUnavailable(repr(exc), outcomes[index:], report) from exc
-            logger.exception(
-                "finalize of notification %s failed; its lease will expire and it will be retried",
+            logger.error(
+                "finalize of notification %s failed (%s); its lease will expire and it will be retried",
                 outcome.record.id,
+                first_line(exc),
             )
             report.failed.append(outcome)
     return report
+
+
+def first_line(exc: BaseException) -> str:
+    """The error in one line: its type and the first line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def reachable() -> bool:
@@ -248,6 +266,7 @@ def release(records: Sequence[ClaimedRecord]) -> int:
     # The attempts trigger allows exactly this refund: one less, in the update that clears the lease,
     # status unchanged. No trigger is bypassed.
     with transaction.atomic(), connection.cursor() as cursor:
+        bound_transaction(cursor)
         cursor.execute(_RELEASE, [[r.id for r in records], [r.claim_token for r in records]])
         return int(cursor.rowcount)
 

@@ -3,9 +3,9 @@
 An outcome waits at most ``max_delay`` seconds (default :data:`MAX_DELAY_SECONDS`) before its commit
 starts, or less when ``max_batch`` outcomes are waiting: a crash between a send and its commit makes
 the send happen twice, so the window is kept short. When the database cannot be reached, nothing is
-dropped: the outcomes stay here and are committed, with backoff, once it is back, for as long as
-their leases hold. Past its lease an outcome is dropped and logged: another worker may have taken
-the row, and the claim token would refuse it anyway.
+dropped: the outcomes stay here and are committed, with backoff, once it is back. The claim token
+makes a late commit safe (a row another worker took over refuses it as stale); a worker about to
+exit drops, and logs, the outcomes whose lease ran out (:meth:`Completer.drop_expired`).
 """
 
 from __future__ import annotations

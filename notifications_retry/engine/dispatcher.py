@@ -192,8 +192,6 @@ class Dispatcher:
                     break  # every channel is exhausted, paused or open-circuited for now
             elif not calls and queued:
                 time.sleep(min(0.05, self._wait_time(runtimes), completer.wait_hint()))
-            if completer.unavailable and completer.pending:
-                completer.drop_expired(bound)
 
     def finish_calls(self, bound: Any, timeout: float) -> None:
         """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""

@@ -91,6 +91,9 @@ class Worker:
         self._backoff = failures.Backoff(self.interval)
         metrics.precreate_series([], [], [self.lane])
         self._stop_at: float | None = None
+        # A looping worker keeps outcomes through an outage of any length (the claim token refuses a
+        # late one whose row was taken over); a single tick gives up on those whose lease ran out.
+        self._looping = False
         self.channels = ChannelSet(conf, conf.LANES, self.lane, lane_channels(conf.LANES, self.lane))
         self._send_loop: SendLoop | None = None
         self._keys: dict[int, str] = {}
@@ -144,6 +147,7 @@ class Worker:
     def run(self, once: bool = False) -> list[TickStats]:
         """Tick once, or every ``interval`` seconds until stopped; returns the ticks' stats."""
         ticks: list[TickStats] = []
+        self._looping = not once
         try:
             while True:
                 started = self.monotonic()
@@ -250,7 +254,12 @@ class Worker:
         return max([float(rt.config.timeout_seconds) for rt in runtimes] or [0.0]) + ABANDON_GRACE_SECONDS
 
     def _commit_waiting(self, bound: Any) -> None:
-        """Commit every outcome in hand; while the database is unreachable, retry as long as leases hold."""
+        """Commit every outcome in hand; while the database is unreachable, retry with backoff.
+
+        A looping worker keeps trying (it has nothing else to do without its database, and the claim
+        token makes a late commit safe); ``--once`` or a stopping worker drops what its lease no
+        longer covers, so that the process can exit.
+        """
         completer = self.completer
         while completer.pending:
             if self._gave_up_after_stop():
@@ -259,7 +268,8 @@ class Worker:
             if completer.due(flush=True):
                 completer.commit(bound)
                 continue
-            completer.drop_expired(bound)
+            if not self._looping or self.stopping:
+                completer.drop_expired(bound)
             pause = min(completer.wait_hint(), 0.25)
             if self._sleep is not None:
                 self._sleep(pause)

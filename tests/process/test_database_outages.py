@@ -17,7 +17,6 @@ from notifications_retry.models import NotificationEntity
 from tests.process.conftest import INSERT_DUE, seed_due
 from tests.process.helpers import (
     assert_one_event_per_final_outcome,
-    claimed_ids,
     lock_holders,
     requests_by_key,
     webhook_channel,
@@ -31,7 +30,7 @@ LOOP = ["--interval", "0.1", "--batch-size", "40", "--max-duration", "30"]
 SETTINGS = {"LEASE_GRACE_SECONDS": 0.3, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
 RESUME_BOUND = 10.0
 #: What the worker logs when the database goes away (the tick's handler, the lock, the finalize fallback).
-LOGGED_OUTAGE = ("retry-cycle-database-error", "advisory lock connection failed", "bulk finalize of")
+LOGGED_OUTAGE = ("retry-cycle-database-error", "outcomes-commit-deferred", "bulk finalize of")
 
 
 @pytest.fixture
@@ -60,7 +59,7 @@ def cluster() -> Iterator[PrivateCluster]:
         cluster.destroy()
 
 
-def test_postgres_restart_mid_loop_worker_reconnects_and_resumes(cluster, server, start_worker):
+def test_five_postgres_restarts_mid_loop_cost_no_duplicate_send(cluster, server, start_worker):
     with cluster.connect() as db:
         channel_id = db.execute(
             "INSERT INTO notifications_retry_channelconfig (key, is_enabled, provider_key, max_attempts, "
@@ -71,24 +70,22 @@ def test_postgres_restart_mid_loop_worker_reconnects_and_resumes(cluster, server
         ).fetchone()[0]
         db.execute(INSERT_DUE, {"channel": channel_id, "count": 400, "attempts": 1})
     worker = start_worker(LOOP, SETTINGS, url=cluster.url, database="postgres")
-    wait_until(lambda: len(server.requests) >= 60, 30, message="the worker is sending")
-    cluster.stop("fast")
-    stopped_at = len(server.requests)
-    time.sleep(1.5)
-    cluster.start()
-    back = time.monotonic()
-    with cluster.connect() as db:
-        in_flight = db.execute(
-            "SELECT count(*) FROM notifications_retry_notificationentity WHERE claim_token IS NOT NULL"
-        ).fetchone()[0]
-    wait_until(
-        lambda: any(r.received_at > back for r in server.requests),
-        RESUME_BOUND + 5,
-        message="a send after the restart",
-    )
-    resumed_after = min(r.received_at for r in server.requests if r.received_at > back) - back
-    assert resumed_after <= RESUME_BOUND, resumed_after
-    assert len(server.requests) > stopped_at
+    resumed: list[float] = []
+    for threshold in (40, 100, 160, 220, 280):
+        wait_until(lambda threshold=threshold: len(server.requests) >= threshold, 30, message="sending")
+        cluster.stop("fast")
+        stopped_at = len(server.requests)
+        time.sleep(0.5)
+        cluster.start()
+        back = time.monotonic()
+        wait_until(
+            lambda back=back: any(r.received_at > back for r in server.requests),
+            RESUME_BOUND + 5,
+            message="a send after the restart",
+        )
+        resumed.append(min(r.received_at for r in server.requests if r.received_at > back) - back)
+        assert len(server.requests) > stopped_at
+    assert max(resumed) <= RESUME_BOUND, resumed
 
     def all_sent() -> bool:
         with cluster.connect() as db:
@@ -109,20 +106,22 @@ def test_postgres_restart_mid_loop_worker_reconnects_and_resumes(cluster, server
         ).fetchone()[0]
     assert events == (400, 400)
     assert idle_in_tx == 0
-    assert any(logged in worker.output() for logged in LOGGED_OUTAGE), worker.output()[-3000:]
+    output = worker.output()
+    assert any(logged in output for logged in LOGGED_OUTAGE), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
     by_key = requests_by_key(server.requests)
     assert len(by_key) == 400
-    assert len(server.requests) - 400 <= in_flight
-    assert all(len({r.body for r in reqs}) == 1 for reqs in by_key.values())
+    # Outcomes in hand when the database went away were kept and committed once it was back.
+    duplicates = len(server.requests) - 400
+    assert duplicates == 0, (duplicates, resumed)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_terminated_connections_mid_tick_worker_reconnects_lock_and_resumes(server, start_worker):
+def test_five_terminated_connections_mid_tick_cost_no_duplicate_send(server, start_worker):
     channel = webhook_channel(server.url, timeout_seconds=1.0, max_concurrency=4)
     seed_due(channel, 400)
     worker = start_worker(LOOP, SETTINGS)
-    in_flight = 0
-    for threshold in (60, 180):
+    for threshold in (40, 100, 160, 220, 280):
         wait_until(lambda threshold=threshold: len(server.requests) >= threshold, 30, message="sending")
         with connection.cursor() as cursor:
             cursor.execute(
@@ -132,7 +131,6 @@ def test_terminated_connections_mid_tick_worker_reconnects_lock_and_resumes(serv
             killed = len(cursor.fetchall())
         assert killed >= 2, "the worker's query connection and its lock connection"
         cut = time.monotonic()
-        in_flight += len(claimed_ids())
         wait_until(
             lambda cut=cut: any(r.received_at > cut for r in server.requests),
             RESUME_BOUND,
@@ -143,7 +141,8 @@ def test_terminated_connections_mid_tick_worker_reconnects_lock_and_resumes(serv
     worker.send(15)
     assert worker.wait(10) == 0
     assert any(logged in worker.output() for logged in LOGGED_OUTAGE), worker.output()[-3000:]
+    assert "Traceback" not in worker.output(), worker.output()[-3000:]
     assert_one_event_per_final_outcome()
     by_key = requests_by_key(server.requests)
     assert len(by_key) == 400
-    assert len(server.requests) - 400 <= in_flight
+    assert len(server.requests) - 400 == 0, "no duplicate send: outcomes in hand were committed later"

@@ -1,0 +1,26 @@
+"""Bounds on the worker's own transactions, set per transaction so that nothing leaks onto a pooled session.
+
+A worker process that freezes (SIGSTOP, a debugger, a VM paused) while one of its transactions is
+open would hold that transaction's row locks for as long as it is frozen: the monolith's own updates
+of those rows would wait. ``idle_in_transaction_session_timeout`` makes the server end such a
+transaction (and its session) after ``TRANSACTION_TIMEOUT_SECONDS``; ``statement_timeout`` bounds a
+statement stuck behind a lock the same way. ``SET LOCAL`` (``set_config(..., true)``) keeps both to the
+transaction itself: a connection pool or PgBouncer hands the session on with its own settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notifications_retry.conf import get_settings
+
+_BOUND = (
+    "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true), "
+    "set_config('statement_timeout', %(ms)s, true)"
+)
+
+
+def bound_transaction(cursor: Any) -> None:
+    """Let the server end the current transaction if it idles or a statement runs past the bound."""
+    ms = f"{int(get_settings().TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"
+    cursor.execute(_BOUND, {"ms": ms})
