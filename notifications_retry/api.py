@@ -12,19 +12,26 @@ once that time has come, and so is a Failed one whose ``next_attempt_at`` has co
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from notifications_retry.clock import default_clock
 from notifications_retry.delivery.cancel import cancel
+from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
+from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
+from notifications_retry.outcomes import Failure, failure_of
+from notifications_retry.providers import OutgoingMessage, Provider, SendResult, get_provider_class
 
 from .conf import get_settings
 from .models import ChannelConfig, NotificationEntity
@@ -40,8 +47,11 @@ __all__ = [
     "discard_dead_letters",
     "notification_created",
     "queue_stats",
+    "record_dispatch_failure",
+    "record_dispatch_sent",
     "requeue_dead_letters",
     "schedule_notification",
+    "send_now",
 ]
 
 #: ``error_kind`` of a notification cancelled through :func:`cancel_notification`.
@@ -179,3 +189,139 @@ def queue_stats(now: datetime | None = None) -> QueueStats:
     """Queue health now: due rows, retry backlog, dead letters, counts and max age by status."""
     now = now or timezone.now()
     return QueueStats(backlog=backlog(now), by_status=status_breakdown(now))
+
+
+# -- the monolith's dispatcher hands over ----------------------------------------------------------
+
+
+def _aware(now: datetime | None) -> datetime:
+    if now is None:
+        return default_clock(get_settings().CLOCK).now()
+    if not isinstance(now, datetime) or timezone.is_naive(now):
+        raise ValueError(f"now must be an aware datetime, got {now!r}")
+    return now
+
+
+def _pk(notification: NotificationRef) -> uuid.UUID | str:
+    pk = notification.pk if isinstance(notification, NotificationEntity) else notification
+    try:
+        return uuid.UUID(str(pk))
+    except ValueError:
+        raise ValueError(
+            f"notification must be a NotificationEntity or its UUID, got {notification!r}"
+        ) from None
+
+
+def record_dispatch_sent(
+    notification: NotificationRef, *, provider_message_id: str | None = None, now: datetime | None = None
+) -> NotificationEntity:
+    """The monolith's dispatcher delivered a fresh Pending notification: it becomes Sent, with its event.
+
+    Refused (:class:`~notifications_retry.exceptions.InvalidTransition`) for an unknown id, a row that
+    is not Pending any more, or one a worker is sending now.
+    """
+    outcome = record_attempt(
+        _pk(notification),
+        failure=None,
+        provider_message_id=provider_message_id,
+        now=_aware(now),
+        rng=random.Random(),
+    )
+    return NotificationEntity.objects.get(pk=outcome.record.id)
+
+
+def record_dispatch_failure(
+    notification: NotificationRef,
+    *,
+    error: str,
+    retriable: bool = True,
+    error_kind: str = "dispatch_failed",
+    retry_after: float | None = None,
+    now: datetime | None = None,
+    rng: random.Random | None = None,
+) -> NotificationEntity:
+    """The monolith's dispatcher could not deliver a fresh Pending notification: hand it to the worker.
+
+    Decided as the worker decides (:func:`notifications_retry.outcomes.decide`): a temporary failure
+    is retried after the channel's backoff (never before ``retry_after`` seconds), within the attempt
+    budget; a permanent one, or the last allowed attempt, is a dead letter with its Failed event.
+    """
+    if not isinstance(error, str) or not error:
+        raise ValueError("error must be a non-empty string saying what failed")
+    if not isinstance(error_kind, str) or not error_kind or len(error_kind) > 64:
+        raise ValueError(f"error_kind must be a short label (1-64 characters), got {error_kind!r}")
+    if retry_after is not None and (
+        isinstance(retry_after, bool)
+        or not isinstance(retry_after, int | float)
+        or not 0 <= retry_after <= 86_400 * 30
+    ):
+        raise ValueError(f"retry_after must be seconds between 0 and 30 days, got {retry_after!r}")
+    failure = Failure(
+        error_kind, error, bool(retriable), float(retry_after) if retry_after is not None else None
+    )
+    outcome = record_attempt(
+        _pk(notification),
+        failure=failure,
+        provider_message_id=None,
+        now=_aware(now),
+        rng=rng or random.Random(),
+    )
+    return NotificationEntity.objects.get(pk=outcome.record.id)
+
+
+def send_now(notification: NotificationRef, *, rng: random.Random | None = None) -> NotificationEntity:
+    """Send a fresh Pending notification through its channel's provider now, and record the outcome.
+
+    For a dispatcher that has nothing of its own to send with. The row is leased first (no worker or
+    second caller can send it meanwhile), the provider is called with no transaction open (calling
+    this inside ``transaction.atomic`` is refused), and the outcome is recorded as
+    :func:`record_dispatch_sent` / :func:`record_dispatch_failure` would.
+    """
+    if connection.in_atomic_block:
+        raise InvalidTransition("send_now calls a provider: it must not run inside a database transaction")
+    clock = default_clock(get_settings().CLOCK)
+    record, channel = lease_fresh(_pk(notification), now=clock.now())
+    failure: Failure | None = None
+    message_id: str | None = None
+    provider = get_provider_class(channel.provider_key)(channel.settings())
+    try:
+        message = OutgoingMessage(
+            notification_id=record.id,
+            tenant_id=record.tenant_id,
+            channel=channel.key,
+            recipient=record.recipient,
+            payload=record.payload,
+            attempt=record.attempts,
+            priority=record.priority,
+            notification_type=record.notification_type,
+        )
+        result = _call_once(provider, message)
+        message_id = result.provider_message_id
+    except Exception as exc:
+        failure = failure_of(exc)
+    finally:
+        provider.close()
+    settle_leased(
+        record,
+        channel,
+        failure=failure,
+        provider_message_id=message_id,
+        now=clock.now(),
+        rng=rng or random.Random(),
+    )
+    return NotificationEntity.objects.get(pk=record.id)
+
+
+def _call_once(provider: Provider, message: OutgoingMessage) -> SendResult:
+    """One call from synchronous code: ``send`` when the provider has it, else ``send_async`` on a
+    loop of its own (the provider's connections are released on that loop before it closes)."""
+    if type(provider).send is not Provider.send:
+        return provider.send(message)
+
+    async def call() -> SendResult:
+        try:
+            return await provider.send_async(message)
+        finally:
+            provider.close()
+
+    return asyncio.run(call())

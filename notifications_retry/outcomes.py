@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from notifications_retry.exceptions import ProviderError
 from notifications_retry.retry import BackoffPolicy, next_attempt_at
 
 SENT = "sent"
@@ -130,6 +131,14 @@ def decide(
     return Decision(RETRY, next_attempt_at=when, error_kind=failure.kind, error=failure.error)
 
 
+def failure_of(exc: BaseException) -> Failure:
+    """What a provider's exception says (SPEC §5): a ProviderError keeps its kind, retriability and
+    Retry-After; anything else is a retriable ``provider_crash`` with the error kept."""
+    if isinstance(exc, ProviderError):
+        return Failure(exc.kind, str(exc), exc.retriable, exc.retry_after)
+    return Failure(PROVIDER_CRASH, f"{type(exc).__name__}: {exc}", retriable=True)
+
+
 def before_send(
     *, attempts_done: int, budget: int, expires_at: datetime | None, now: datetime
 ) -> Failure | None:
@@ -190,5 +199,6 @@ __all__ = [
     "attempt_budget",
     "before_send",
     "decide",
+    "failure_of",
     "outcome_of",
 ]

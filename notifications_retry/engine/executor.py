@@ -16,11 +16,9 @@ from typing import Any
 
 from notifications_retry.clock import Clock
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.exceptions import ProviderError
 from notifications_retry.observability import tracing
 from notifications_retry.outcomes import (
     INVALID_RECIPIENT,
-    PROVIDER_CRASH,
     SENT,
     TIMEOUT,
     ClaimedRecord,
@@ -28,6 +26,7 @@ from notifications_retry.outcomes import (
     Outcome,
     attempt_budget,
     decide,
+    failure_of,
     outcome_of,
 )
 from notifications_retry.providers import OutgoingMessage, Provider
@@ -92,11 +91,7 @@ class Executor:
         self, rt: ChannelRuntime, record: ClaimedRecord, exc: BaseException, started: float
     ) -> Outcome:
         """Classify what a provider call raised (SPEC §5): its error's kind, else a retriable crash."""
-        if isinstance(exc, ProviderError):
-            failure = Failure(exc.kind, str(exc), exc.retriable, exc.retry_after)
-        else:
-            failure = Failure(PROVIDER_CRASH, f"{type(exc).__name__}: {exc}", retriable=True)
-        return self.failed(rt, record, failure, started)
+        return self.failed(rt, record, failure_of(exc), started)
 
     def _ms(self, started: float) -> float:
         return (self.monotonic() - started) * 1000

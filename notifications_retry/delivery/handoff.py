@@ -1,0 +1,132 @@
+"""The monolith's own first send, handed over: its outcome recorded by the same rules as the worker's.
+
+A fresh Pending notification (no ``scheduled_at``) belongs to the monolith's dispatcher. When that
+dispatcher has tried to send it, :func:`record_attempt` records what happened: Sent, a retry at the
+time :func:`~notifications_retry.outcomes.decide` gives (backoff, attempt budget, Retry-After), or a
+terminal failure with its dead-letter fields; Sent and terminal outcomes write their outbox event in
+the same transaction. :func:`lease_fresh` and :func:`settle_leased` let the app send such a row itself
+(``api.send_now``): leased first, so that no one else can send it meanwhile, then settled under the
+lease's token.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from notifications_retry.conf import get_settings
+from notifications_retry.delivery.finalize import apply_outcomes, finalize
+from notifications_retry.exceptions import InvalidTransition
+from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.outcomes import ClaimedRecord, Failure, Outcome, attempt_budget, decide, outcome_of
+from notifications_retry.retry import BackoffPolicy
+
+
+def _locked_fresh(pk: uuid.UUID | str, now: datetime) -> NotificationEntity:
+    """The row, locked, if it is a Pending notification no worker holds; else a clear refusal."""
+    try:
+        row = NotificationEntity.objects.select_for_update().select_related("channel").get(pk=pk)
+    except NotificationEntity.DoesNotExist:
+        raise InvalidTransition(f"notification {pk}: no such notification") from None
+    if row.status != NotificationEntity.Status.PENDING:
+        raise InvalidTransition(
+            f"notification {pk} is {row.status}, not pending: its outcome was recorded already"
+        )
+    if row.claim_token is not None and row.claim_expires_at is not None and row.claim_expires_at > now:
+        raise InvalidTransition(f"notification {pk}: a worker is sending it now; its outcome is the worker's")
+    return row
+
+
+def _record_of(row: NotificationEntity, attempts: int, token: uuid.UUID | None = None) -> ClaimedRecord:
+    return ClaimedRecord(
+        id=row.pk,
+        tenant_id=row.tenant_id,
+        channel_id=row.channel_id,
+        recipient=row.recipient,
+        payload=row.payload,
+        notification_type=row.notification_type,
+        priority=row.priority,
+        status=row.status,
+        attempts=attempts,
+        expires_at=row.expires_at,
+        correlation_id=row.correlation_id,
+        requeue_count=row.requeue_count,
+        claim_token=token,
+    )
+
+
+def _decided(
+    record: ClaimedRecord,
+    channel: ChannelConfig,
+    failure: Failure | None,
+    provider_message_id: str | None,
+    now: datetime,
+    rng: random.Random,
+) -> Outcome:
+    conf = get_settings()
+    budget = attempt_budget(
+        channel.max_attempts, channel.key, record.notification_type, conf.ATTEMPTS_BY_TYPE
+    )
+    policy = BackoffPolicy(
+        kind=channel.retry_backoff,
+        base_seconds=float(channel.backoff_base_seconds),
+        cap_seconds=float(channel.backoff_cap_seconds),
+        jitter_ratio=conf.JITTER_RATIO,
+    )
+    decision = decide(failure, attempts=record.attempts, budget=budget, now=now, policy=policy, rng=rng)
+    return outcome_of(record, decision, failure=failure, provider_message_id=provider_message_id)
+
+
+def record_attempt(
+    pk: uuid.UUID | str,
+    *,
+    failure: Failure | None,
+    provider_message_id: str | None,
+    now: datetime,
+    rng: random.Random,
+) -> Outcome:
+    """Record the monolith's attempt at a fresh Pending row (``failure`` None: it was delivered)."""
+    with transaction.atomic():
+        row = _locked_fresh(pk, now)
+        record = _record_of(row, row.attempts + 1)
+        outcome = _decided(record, row.channel, failure, provider_message_id, now, rng)
+        # The row is locked by this transaction: no claim token to guard with.
+        apply_outcomes([outcome], now, guarded=False)
+    return outcome
+
+
+def lease_fresh(pk: uuid.UUID | str, *, now: datetime) -> tuple[ClaimedRecord, ChannelConfig]:
+    """Lease a fresh Pending row for sending right away (this attempt counted), as a worker's claim does."""
+    with transaction.atomic():
+        row = _locked_fresh(pk, now)
+        token = uuid.uuid4()
+        lease = 2 * float(row.channel.timeout_seconds) + get_settings().LEASE_GRACE_SECONDS
+        expires = now + timedelta(seconds=lease)
+        NotificationEntity.objects.filter(pk=row.pk).update(
+            attempts=row.attempts + 1, claim_token=token, claim_expires_at=expires, updated_at=now
+        )
+        record = _record_of(row, row.attempts + 1, token)
+        record.lease_expires_at = expires
+        return record, row.channel
+
+
+def settle_leased(
+    record: ClaimedRecord,
+    channel: ChannelConfig,
+    *,
+    failure: Failure | None,
+    provider_message_id: str | None,
+    now: datetime,
+    rng: random.Random,
+) -> Outcome:
+    """Apply the outcome of a send of a row leased by :func:`lease_fresh`, under its token."""
+    outcome = _decided(record, channel, failure, provider_message_id, now, rng)
+    report = finalize([outcome], now)
+    if not report.applied:
+        raise InvalidTransition(
+            f"notification {record.id}: its lease ran out and was taken over before the outcome was recorded"
+        )
+    return outcome
