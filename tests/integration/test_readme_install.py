@@ -167,7 +167,15 @@ def test_the_install_section_pastes_into_a_new_project(tmp_path: Path):
             .splitlines()[-1]
         )
         tenant = "0b7e8a54-52d5-4c4c-9d59-6f2f5a3b1c01"
-        assert rows == [["pending", False, tenant], ["sent", True, tenant]]
+        # The fresh one stays the dispatcher's; the handed-over ones are Failed (the worker's, later)
+        # and Sent (recorded, and sent now); the scheduled one was sent by the worker's tick.
+        assert rows == [
+            ["failed", False, "None"],
+            ["pending", False, tenant],
+            ["sent", False, "None"],
+            ["sent", False, "None"],
+            ["sent", True, tenant],
+        ]
         metrics = project.python(
             "from django.test import Client; r = Client(HTTP_HOST='localhost').get('/metrics'); "
             "print(r.status_code, r['Content-Type'].split(';')[0])"
