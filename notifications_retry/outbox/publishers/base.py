@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
+
+
+def event_body(event: Mapping[str, Any]) -> bytes:
+    """The event as compact JSON, identical at every re-publish of it."""
+    return json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
 
 
 class PublishError(Exception):

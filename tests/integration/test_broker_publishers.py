@@ -1,0 +1,267 @@
+"""The ``rabbitmq`` and ``nats`` publishers through the real relay, against the real brokers on loopback.
+
+What is checked: a consumer reads every event, once per event id, in creation order per key; an event
+is marked published only once the broker confirmed it (RabbitMQ) or the stream acknowledged it
+(NATS); an unreachable broker or a connection cut mid-batch (by a TCP proxy this test controls)
+marks nothing unconfirmed, loses nothing, and the relay recovers by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from notifications_retry import events
+from notifications_retry.models import Outbox
+from notifications_retry.outbox.publishers import (
+    NatsPublisher,
+    PublishError,
+    RabbitMQPublisher,
+    get_publisher,
+)
+from notifications_retry.outbox.relay import Relay
+from tests.integration.test_relay import assert_order_per_key, make_events
+from tests.support.brokers import (
+    NATS_PORT,
+    RABBITMQ_PORT,
+    TOPIC,
+    NatsBox,
+    RabbitMQBox,
+    nats_box,
+    rabbitmq_box,
+)
+from tests.support.processes import free_port
+from tests.support.tcp_proxy import TcpProxy
+
+
+@pytest.fixture
+def rabbitmq() -> Iterator[RabbitMQBox]:
+    yield from rabbitmq_box()
+
+
+@pytest.fixture
+def jetstream() -> Iterator[NatsBox]:
+    yield from nats_box()
+
+
+def all_event_ids() -> set[str]:
+    return {str(e) for e in Outbox.objects.values_list("event_id", flat=True)}
+
+
+def marked_event_ids() -> set[str]:
+    return {
+        str(e) for e in Outbox.objects.filter(published_at__isnull=False).values_list("event_id", flat=True)
+    }
+
+
+def assert_every_event_once_in_key_order(bodies: list[dict[str, Any]]) -> None:
+    ids = [b["event_id"] for b in bodies]
+    assert len(ids) == len(set(ids)), "an event reached the consumer twice without a failure"
+    assert set(ids) == all_event_ids()
+    assert_order_per_key(bodies)
+    assert not Outbox.objects.filter(published_at__isnull=True).exists()
+
+
+def cut_while_waiting(proxy: TcpProxy, on_publish: int, hold: float) -> Any:
+    """A hook for the ``on_publish``-th publish: the broker takes the event, its answer never comes back,
+    and ``hold`` seconds later every connection is cut (the proxy forwards again for new ones)."""
+    calls = {"n": 0}
+
+    def before_publish() -> None:
+        calls["n"] += 1
+        if calls["n"] == on_publish:
+            proxy.swallow(True)
+
+            def cut() -> None:
+                proxy.drop()
+                proxy.swallow(False)
+
+            threading.Timer(hold, cut).start()
+
+    return before_publish
+
+
+def relay_until_drained(relay: Relay, timeout: float = 30) -> None:
+    """Run the relay's loop on a thread until the outbox is empty, then stop it."""
+
+    def run() -> None:
+        try:
+            relay.run()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while Outbox.objects.filter(published_at__isnull=True).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    relay.stop()
+    thread.join(15)
+    assert not thread.is_alive()
+
+
+# --- RabbitMQ --------------------------------------------------------------------------------------------
+
+
+class HookedRabbitMQPublisher(RabbitMQPublisher):
+    hook: Any = None
+
+    def publish(self, event: Any) -> None:
+        if self.hook is not None:
+            self.hook()
+        super().publish(event)
+
+
+@pytest.mark.django_db
+def test_rabbitmq_gets_every_event_confirmed_persistent_and_in_key_order(clock, rabbitmq):
+    make_events(clock, keys=4, generations=3)
+    reports = Relay(get_publisher("rabbitmq", rabbitmq.options()), clock=clock, batch_size=5).run(once=True)
+    assert sum(r.published for r in reports) == 12
+    messages = rabbitmq.drain()
+    assert_every_event_once_in_key_order([m["body"] for m in messages])
+    for message in messages:
+        assert message["message_id"] == message["body"]["event_id"]
+        assert message["delivery_mode"] == 2  # persistent
+        assert message["routing_key"] == TOPIC == message["body"]["topic"]
+        assert message["headers"]["key"] == message["body"]["key"]
+
+
+@pytest.mark.django_db
+def test_rabbitmq_unroutable_event_is_a_failure_and_nothing_is_marked(clock, rabbitmq):
+    make_events(clock, keys=2)
+    rabbitmq.channel.queue_unbind(rabbitmq.queue, rabbitmq.exchange, routing_key="#")
+    publisher = RabbitMQPublisher(rabbitmq.options())
+    report = Relay(publisher, clock=clock).batch()
+    publisher.close()
+    assert report.endpoint_down and report.published == 0 and report.failed == 1
+    assert not marked_event_ids()
+
+
+@pytest.mark.django_db
+def test_rabbitmq_unreachable_marks_nothing(clock):
+    make_events(clock, keys=2)
+    publisher = RabbitMQPublisher({"url": RabbitMQBox.url(free_port()), "connect_timeout_seconds": 2})
+    with pytest.raises(PublishError) as info:
+        publisher.publish(
+            {"event_id": "e", "key": "k", "topic": TOPIC, "generation": 0, "contract_version": 1}
+        )
+    assert info.value.endpoint_down
+    report = Relay(publisher, clock=clock).batch()
+    assert report.endpoint_down and not marked_event_ids()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rabbitmq_connection_cut_mid_batch_loses_nothing_and_the_relay_recovers(clock, rabbitmq):
+    make_events(clock, keys=5, generations=2)
+    proxy = TcpProxy(RABBITMQ_PORT).start()
+    try:
+        publisher = HookedRabbitMQPublisher(rabbitmq.options(proxy.port))
+        publisher.hook = cut_while_waiting(proxy, on_publish=4, hold=0.3)
+        relay = Relay(publisher, clock=clock, batch_size=6, interval=0.05, max_backoff=0.2)
+        relay_until_drained(relay)
+    finally:
+        proxy.stop()
+    assert proxy.connections >= 2, "the relay did not reconnect"
+    messages = rabbitmq.drain()
+    bodies = [m["body"] for m in messages]
+    # The 4th event reached the queue but its confirm was cut off: it was not marked, and went again.
+    ids = [b["event_id"] for b in bodies]
+    duplicates = {i for i in ids if ids.count(i) > 1}
+    assert len(duplicates) == 1
+    first, again = [m for m in messages if m["message_id"] in duplicates]
+    assert first["body"] == again["body"]  # the same event, the same message_id: consumers drop it
+    assert set(ids) == all_event_ids() == marked_event_ids()
+    assert_order_per_key(bodies)
+
+
+# --- NATS JetStream ---------------------------------------------------------------------------------------
+
+
+class HookedNatsPublisher(NatsPublisher):
+    hook: Any = None
+
+    def publish(self, event: Any) -> None:
+        if self.hook is not None:
+            self.hook()
+        super().publish(event)
+
+
+@pytest.mark.django_db
+def test_nats_stream_stores_every_event_with_its_msg_id_in_key_order(clock, jetstream):
+    make_events(clock, keys=4, generations=3)
+    publisher = get_publisher("nats", jetstream.options())
+    reports = Relay(publisher, clock=clock, batch_size=5).run(once=True)
+    assert sum(r.published for r in reports) == 12
+    stored = jetstream.messages()
+    assert_every_event_once_in_key_order([m["body"] for m in stored])
+    for message in stored:
+        assert message["headers"]["Nats-Msg-Id"] == message["body"]["event_id"]
+        assert message["headers"]["Event-Key"] == message["body"]["key"]
+        assert message["subject"] == jetstream.prefix + TOPIC
+
+
+@pytest.mark.django_db
+def test_nats_duplicate_window_drops_a_republish_and_it_counts_as_published(clock, jetstream):
+    make_events(clock, keys=2)
+    crashed = NatsPublisher(jetstream.options())
+    for event in Outbox.objects.order_by("id"):
+        crashed.publish(events.envelope(event))  # published, then the relay died before marking
+    crashed.close()
+    reports = Relay(NatsPublisher(jetstream.options()), clock=clock).run(once=True)
+    assert sum(r.published for r in reports) == 4
+    assert marked_event_ids() == all_event_ids()
+    assert jetstream.count() == 4
+
+
+@pytest.mark.django_db
+def test_nats_without_a_stream_for_the_subject_marks_nothing(clock, jetstream):
+    make_events(clock, keys=2)
+    options = jetstream.options(subject_prefix="nrtest.nostream.", stream=None, ack_timeout_seconds=1)
+    publisher = NatsPublisher(options)
+    report = Relay(publisher, clock=clock).batch()
+    publisher.close()
+    assert report.endpoint_down and report.published == 0
+    assert not marked_event_ids()
+
+
+@pytest.mark.django_db
+def test_nats_unreachable_marks_nothing(clock):
+    make_events(clock, keys=2)
+    publisher = NatsPublisher({"servers": NatsBox.url(free_port()), "connect_timeout_seconds": 1})
+    report = Relay(publisher, clock=clock).batch()
+    publisher.close()
+    assert report.endpoint_down and not marked_event_ids()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nats_connection_cut_mid_batch_loses_nothing_and_the_relay_recovers(clock, jetstream):
+    make_events(clock, keys=5, generations=2)
+    proxy = TcpProxy(NATS_PORT).start()
+    try:
+        publisher = HookedNatsPublisher(jetstream.options(proxy.port, ack_timeout_seconds=1))
+        publisher.hook = cut_while_waiting(proxy, on_publish=4, hold=0.3)
+        relay = Relay(publisher, clock=clock, batch_size=6, interval=0.05, max_backoff=0.2)
+        relay_until_drained(relay)
+    finally:
+        proxy.stop()
+    assert proxy.connections >= 2, "the relay did not reconnect"
+    stored = jetstream.messages()
+    # The 4th event was stored though its ack was cut off; its re-publish fell in the duplicate window.
+    assert_every_event_once_in_key_order([m["body"] for m in stored])
+    assert marked_event_ids() == all_event_ids()
+
+
+def test_broker_publishers_refuse_bad_options():
+    with pytest.raises(ValueError, match="'url' must be an amqp"):
+        get_publisher("rabbitmq", {"url": "http://x"})
+    with pytest.raises(ValueError, match="unknown option"):
+        get_publisher("rabbitmq", {"exchnage": "x"})
+    with pytest.raises(ValueError, match="'servers' must be a nats"):
+        get_publisher("nats", {"servers": []})
+    with pytest.raises(ValueError, match="'ack_timeout_seconds' must be a number"):
+        get_publisher("nats", {"ack_timeout_seconds": 0})
