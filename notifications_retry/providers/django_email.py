@@ -99,7 +99,9 @@ class DjangoEmailProvider(Provider):
             _close(backend, failed)
         if not sent:
             # No error and nothing sent: a pre-send hook cancelled it, or the backend has no recipient.
-            raise PermanentProviderError("the email backend declined to send the message", kind="not_sent")
+            raise PermanentProviderError(
+                "the email backend declined to send the message", kind="not_sent", ambiguous=False
+            )
         return SendResult(provider_message_id=_provider_message_id(email))
 
     def _backend(self) -> BaseEmailBackend:

@@ -79,7 +79,9 @@ def _classify_smtp(exc: smtplib.SMTPException, phase: Phase) -> ProviderError:
             f"SMTP server closed the connection: {exc}", kind="connection", ambiguous=phase != "connect"
         )
     if isinstance(exc, smtplib.SMTPNotSupportedError):
-        return PermanentProviderError(f"SMTP server lacks a needed extension: {exc}", kind="smtp_config")
+        return PermanentProviderError(
+            f"SMTP server lacks a needed extension: {exc}", kind="smtp_config", ambiguous=phase != "send"
+        )
     return RetryableProviderError(
         f"SMTP error: {type(exc).__name__}: {exc}", kind="smtp_protocol", ambiguous=phase != "connect"
     )
