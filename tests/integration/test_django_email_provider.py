@@ -8,6 +8,7 @@ Each outcome is checked where it matters, as the worker records it after a real 
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -375,3 +376,41 @@ def test_postmark_errors_say_whether_they_are_ambiguous(webhook_server):
     with pytest.raises(RetryableProviderError) as refused:
         provider(options).send(outgoing())
     assert (refused.value.kind, refused.value.ambiguous) == ("connection", False)
+
+
+# --- off the event loop, within the channel's concurrency ----------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_hung_mail_server_holds_up_neither_another_channel_nor_more_than_max_concurrency(
+    clock, smtp_server, webhook_server
+):
+    email = ChannelFactory(
+        key="email",
+        provider_key="django_email",
+        options=smtp_options(smtp_server),
+        timeout_seconds=1.0,
+        max_concurrency=2,
+        max_attempts=3,
+    )
+    hook = ChannelFactory(key="hook", provider_key="webhook", options={"url": webhook_server.url})
+    due = {"status": Status.FAILED, "attempts": 0, "next_attempt_at": clock.now() - timedelta(seconds=1)}
+    hung = [
+        NotificationFactory(channel=email, recipient="hang@example.com", payload=PAYLOAD, **due)
+        for _ in range(4)
+    ]
+    other = NotificationFactory(channel=hook, **due)
+    started = time.monotonic()
+    Worker(clock=clock, rng=random.Random(1)).run(once=True)
+    elapsed = time.monotonic() - started
+    (request,) = webhook_server.requests
+    # The webhook went out while the mail server sat on the first two emails' data.
+    assert request.received_at - started < 0.9
+    other.refresh_from_db()
+    assert other.status == Status.SENT
+    # Four one-second timeouts, two at a time: about two seconds, never four, never one.
+    assert 1.9 < elapsed < 3.9
+    assert smtp_server.max_hanging == 2
+    for row in hung:
+        row.refresh_from_db()
+        assert (row.status, row.error_kind) == (Status.FAILED, "timeout")

@@ -71,7 +71,16 @@ class _Handler:
         recipient = envelope.rcpt_tos[0] if envelope.rcpt_tos else ""
         self.owner.data_received.set()
         if recipient.startswith("hang@"):
-            await asyncio.sleep(self.owner.hang_seconds)
+            # Hold the answer until the client gives up and closes (or hang_seconds pass).
+            self.owner.hang_started()
+            try:
+                transport = server.transport
+                loop = asyncio.get_running_loop()
+                until = loop.time() + self.owner.hang_seconds
+                while transport is not None and not transport.is_closing() and loop.time() < until:
+                    await asyncio.sleep(0.02)
+            finally:
+                self.owner.hang_ended()
             return "451 4.3.0 gave up waiting"
         if recipient.startswith("drop@"):
             assert server.transport is not None
@@ -96,12 +105,23 @@ class ScriptedSMTPServer:
         self.messages: list[email.message.EmailMessage] = []
         self.lock = threading.Lock()
         self.data_received = threading.Event()
+        self.hanging = 0  # clients whose data is held unanswered right now
+        self.max_hanging = 0
         self.port = free_port()
         self.controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port)
 
     def start(self) -> ScriptedSMTPServer:
         self.controller.start()
         return self
+
+    def hang_started(self) -> None:
+        with self.lock:
+            self.hanging += 1
+            self.max_hanging = max(self.max_hanging, self.hanging)
+
+    def hang_ended(self) -> None:
+        with self.lock:
+            self.hanging -= 1
 
     def stop(self) -> None:
         self.controller.stop()
