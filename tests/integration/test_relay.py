@@ -138,7 +138,7 @@ def test_unknown_publisher_and_bad_http_options_are_refused():
         get_publisher("kafka")
     with pytest.raises(ValueError, match="'url' must be an http"):
         get_publisher("http", {"url": "ftp://x"})
-    with pytest.raises(ValueError, match=r"not a notifications_retry\.publishers\.Publisher"):
+    with pytest.raises(ValueError, match=r"not a notifications_retry\.outbox\.publishers\.Publisher"):
         get_publisher("tests.factories.ChannelFactory")
 
 
