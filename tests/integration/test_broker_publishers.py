@@ -368,3 +368,26 @@ def test_nats_relay_killed_mid_batch_republish_is_dropped_by_the_duplicate_windo
     stored = jetstream.messages()
     # Every event exactly once: what went out before the kill was published again and dropped.
     assert_every_event_once_in_key_order([m["body"] for m in stored])
+
+
+EVENT = {"key": "k", "topic": TOPIC, "generation": 0, "contract_version": 1}
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "nats"])
+def test_an_idle_connection_the_broker_closed_is_reopened_without_a_failure(request, broker):
+    box = request.getfixturevalue("rabbitmq" if broker == "rabbitmq" else "jetstream")
+    proxy = TcpProxy(RABBITMQ_PORT if broker == "rabbitmq" else NATS_PORT).start()
+    publisher = get_publisher(broker, box.options(proxy.port))
+    try:
+        publisher.publish({**EVENT, "event_id": "before"})
+        proxy.drop()  # the broker closes the connection while the relay has nothing to publish
+        time.sleep(0.2)
+        publisher.publish({**EVENT, "event_id": "after"})
+    finally:
+        publisher.close()
+        proxy.stop()
+    assert proxy.connections == 2
+    if broker == "rabbitmq":
+        assert [m["message_id"] for m in box.drain()] == ["before", "after"]
+    else:
+        assert [m["headers"]["Nats-Msg-Id"] for m in box.messages()] == ["before", "after"]

@@ -414,3 +414,16 @@ def test_a_hung_mail_server_holds_up_neither_another_channel_nor_more_than_max_c
     for row in hung:
         row.refresh_from_db()
         assert (row.status, row.error_kind) == (Status.FAILED, "timeout")
+
+
+def test_without_a_backend_option_the_projects_email_backend_sends(settings):
+    from django.core import mail
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.DEFAULT_FROM_EMAIL = "noreply@shop.example"
+    message = outgoing(payload={"subject": "Hi", "body": "Hello"})
+    result = provider({}).send(message)
+    (sent,) = mail.outbox
+    assert sent.from_email == "noreply@shop.example" and sent.to == ["ann@example.com"]
+    assert sent.extra_headers["X-Notification-Id"] == str(message.notification_id)
+    assert result.provider_message_id == message_id(message.notification_id, "shop.example")

@@ -76,7 +76,16 @@ class RabbitMQPublisher(Publisher):
 
     def _open(self) -> Any:
         if self._channel is not None and self._channel.is_open:
-            return self._channel
+            # A blocking connection only does I/O when asked: between batches nobody answers the
+            # broker's heartbeats, and an idle relay's connection may have been closed meanwhile.
+            # Find out now, before publishing, when nothing of ours is in flight.
+            try:
+                self._connection.process_data_events(time_limit=0)
+            except (self._pika.exceptions.AMQPError, OSError):
+                pass
+            else:
+                if self._channel.is_open:
+                    return self._channel
         self.close()
         pika = self._pika
         params = pika.URLParameters(self.options["url"])
