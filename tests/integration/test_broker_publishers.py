@@ -72,14 +72,16 @@ def assert_every_event_once_in_key_order(bodies: list[dict[str, Any]]) -> None:
     assert not Outbox.objects.filter(published_at__isnull=True).exists()
 
 
-def cut_while_waiting(proxy: TcpProxy, on_publish: int, hold: float) -> Any:
-    """A hook for the ``on_publish``-th publish: the broker takes the event, its answer never comes back,
-    and ``hold`` seconds later every connection is cut (the proxy forwards again for new ones)."""
+def cut_during_wave(proxy: TcpProxy, wave: int, hold: float) -> Any:
+    """A hook for the publisher's ``wave``-th call: the broker takes the wave's events, their confirms
+    or acks never come back, and ``hold`` seconds later every connection is cut (the proxy forwards
+    again for new ones). Returns the hook; ``hook.cut`` holds the event ids of that wave."""
     calls = {"n": 0}
 
-    def before_publish() -> None:
+    def before_publish(events: Any) -> None:
         calls["n"] += 1
-        if calls["n"] == on_publish:
+        if calls["n"] == wave:
+            before_publish.cut = {str(e["event_id"]) for e in events}  # type: ignore[attr-defined]
             proxy.swallow(True)
 
             def cut() -> None:
@@ -88,6 +90,7 @@ def cut_while_waiting(proxy: TcpProxy, on_publish: int, hold: float) -> Any:
 
             threading.Timer(hold, cut).start()
 
+    before_publish.cut = set()  # type: ignore[attr-defined]
     return before_publish
 
 
@@ -116,10 +119,10 @@ def relay_until_drained(relay: Relay, timeout: float = 30) -> None:
 class HookedRabbitMQPublisher(RabbitMQPublisher):
     hook: Any = None
 
-    def publish(self, event: Any) -> None:
+    def publish_many(self, events: Any) -> Any:
         if self.hook is not None:
-            self.hook()
-        super().publish(event)
+            self.hook(events)
+        return super().publish_many(events)
 
 
 @pytest.mark.django_db
@@ -143,7 +146,8 @@ def test_rabbitmq_unroutable_event_is_a_failure_and_nothing_is_marked(clock, rab
     publisher = RabbitMQPublisher(rabbitmq.options())
     report = Relay(publisher, clock=clock).batch()
     publisher.close()
-    assert report.endpoint_down and report.published == 0 and report.failed == 1
+    # The first wave (one event per key) was tried and returned; the second was not tried.
+    assert report.endpoint_down and report.published == 0 and report.failed == 2
     assert not marked_event_ids()
 
 
@@ -166,7 +170,7 @@ def test_rabbitmq_connection_cut_mid_batch_loses_nothing_and_the_relay_recovers(
     proxy = TcpProxy(RABBITMQ_PORT).start()
     try:
         publisher = HookedRabbitMQPublisher(rabbitmq.options(proxy.port))
-        publisher.hook = cut_while_waiting(proxy, on_publish=4, hold=0.3)
+        publisher.hook = cut_during_wave(proxy, wave=2, hold=0.3)
         relay = Relay(publisher, clock=clock, batch_size=6, interval=0.05, max_backoff=0.2)
         relay_until_drained(relay)
     finally:
@@ -174,12 +178,13 @@ def test_rabbitmq_connection_cut_mid_batch_loses_nothing_and_the_relay_recovers(
     assert proxy.connections >= 2, "the relay did not reconnect"
     messages = rabbitmq.drain()
     bodies = [m["body"] for m in messages]
-    # The 4th event reached the queue but its confirm was cut off: it was not marked, and went again.
+    # The cut wave reached the queue but its confirms were cut off: not marked, and published again.
     ids = [b["event_id"] for b in bodies]
     duplicates = {i for i in ids if ids.count(i) > 1}
-    assert len(duplicates) == 1
-    first, again = [m for m in messages if m["message_id"] in duplicates]
-    assert first["body"] == again["body"]  # the same event, the same message_id: consumers drop it
+    assert duplicates == publisher.hook.cut and duplicates
+    for event_id in duplicates:
+        first, again = [m for m in messages if m["message_id"] == event_id]
+        assert first["body"] == again["body"]  # the same event, the same message_id: consumers drop it
     assert set(ids) == all_event_ids() == marked_event_ids()
     assert_order_per_key(bodies)
 
@@ -190,10 +195,10 @@ def test_rabbitmq_connection_cut_mid_batch_loses_nothing_and_the_relay_recovers(
 class HookedNatsPublisher(NatsPublisher):
     hook: Any = None
 
-    def publish(self, event: Any) -> None:
+    def publish_many(self, events: Any) -> Any:
         if self.hook is not None:
-            self.hook()
-        super().publish(event)
+            self.hook(events)
+        return super().publish_many(events)
 
 
 @pytest.mark.django_db
@@ -249,14 +254,15 @@ def test_nats_connection_cut_mid_batch_loses_nothing_and_the_relay_recovers(cloc
     proxy = TcpProxy(NATS_PORT).start()
     try:
         publisher = HookedNatsPublisher(jetstream.options(proxy.port, ack_timeout_seconds=1))
-        publisher.hook = cut_while_waiting(proxy, on_publish=4, hold=0.3)
+        publisher.hook = cut_during_wave(proxy, wave=2, hold=0.3)
         relay = Relay(publisher, clock=clock, batch_size=6, interval=0.05, max_backoff=0.2)
         relay_until_drained(relay)
     finally:
         proxy.stop()
     assert proxy.connections >= 2, "the relay did not reconnect"
     stored = jetstream.messages()
-    # The 4th event was stored though its ack was cut off; its re-publish fell in the duplicate window.
+    # The cut wave was stored though its acks were cut off; its re-publish fell in the duplicate window.
+    assert publisher.hook.cut
     assert_every_event_once_in_key_order([m["body"] for m in stored])
     assert marked_event_ids() == all_event_ids()
 
@@ -297,8 +303,9 @@ def relay_process(
 def kill_once_stalled(process: subprocess.Popen[bytes], proxy: TcpProxy, stored: Any, log_path: Path) -> None:
     """Once 7 events are in the broker, its answers stop reaching the relay; then kill -9 the relay.
 
-    The relay publishes batches of 5 and marks a batch only when all of it is confirmed: the second
-    batch is then in the broker in part and not marked.
+    The relay publishes batches of 5 and marks a batch only once all of it is confirmed. The proxy
+    holds each answer of the broker back for a while, so the second batch is in the broker and its
+    confirms still on their way when they are cut off: it is never marked.
     """
     try:
         wait_until(lambda: stored() >= 7 or process.poll() is not None, 30, 0.01, "7 events in the broker")
@@ -319,7 +326,7 @@ def kill_once_stalled(process: subprocess.Popen[bytes], proxy: TcpProxy, stored:
 def test_rabbitmq_relay_killed_mid_batch_republishes_with_the_same_message_id(clock, rabbitmq, tmp_path):
     make_events(clock, keys=6, generations=2)
     log_path = tmp_path / "relay.log"
-    proxy = TcpProxy(RABBITMQ_PORT, server_delay=0.05).start()
+    proxy = TcpProxy(RABBITMQ_PORT, server_delay=0.2).start()
     try:
         process = relay_process(
             log_path, "rabbitmq", rabbitmq.options(proxy.port), "--batch-size", "5", "--interval", "0.05"
@@ -350,7 +357,7 @@ def test_rabbitmq_relay_killed_mid_batch_republishes_with_the_same_message_id(cl
 def test_nats_relay_killed_mid_batch_republish_is_dropped_by_the_duplicate_window(clock, jetstream, tmp_path):
     make_events(clock, keys=6, generations=2)
     log_path = tmp_path / "relay.log"
-    proxy = TcpProxy(NATS_PORT, server_delay=0.05).start()
+    proxy = TcpProxy(NATS_PORT, server_delay=0.2).start()
     try:
         process = relay_process(
             log_path, "nats", jetstream.options(proxy.port), "--batch-size", "5", "--interval", "0.05"

@@ -5,19 +5,19 @@ an event the stream did not store. The broker's duplicate window drops a re-publ
 event id (after a relay crash between publishing and marking); its ack then says ``duplicate``,
 which is a success. nats-py is asynchronous and the relay is not: the client lives on an event loop
 of its own, on a daemon thread, for the publisher's life (so it keeps answering the server's pings
-between batches).
+between batches). The relay hands it waves of one event per key (:meth:`publish_many`), published
+at once, their acks awaited together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from notifications_retry.outbox.publishers.base import Publisher, PublishError, event_body
+from notifications_retry.outbox.publishers.event_loop import LoopThread
 
 DEFAULTS: dict[str, Any] = {
     "servers": ["nats://127.0.0.1:4222"],
@@ -56,8 +56,7 @@ class NatsPublisher(Publisher):
         self.connect_timeout = float(self.options["connect_timeout_seconds"])
         self._client: Any = None
         self._last_error: Exception | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = LoopThread("notifications-retry-nats")
 
     @classmethod
     def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
@@ -85,21 +84,6 @@ class NatsPublisher(Publisher):
             problems.append(f"unknown option(s) {', '.join(unknown)}")
         return problems
 
-    def _run(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` on the client's loop and wait for it (bounded: connect + ack + slack)."""
-        if self._loop is None or self._thread is None or not self._thread.is_alive():
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=self._loop.run_forever, name="notifications-retry-nats", daemon=True
-            )
-            self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        try:
-            return future.result(self.connect_timeout + self.ack_timeout + 5.0)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
     async def _connected(self) -> Any:
         if self._client is not None and self._client.is_connected:
             return self._client
@@ -123,12 +107,43 @@ class NatsPublisher(Publisher):
         # The client's default logs a traceback per failed try; the relay logs the failure once.
         self._last_error = error
 
-    async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> Any:
-        client = await self._connected()
-        stream = self.options["stream"]
-        return await client.jetstream(timeout=self.ack_timeout).publish(
-            subject, body, timeout=self.ack_timeout, stream=stream, headers=headers
-        )
+    async def _acked(self, client: Any, event: Mapping[str, Any]) -> PublishError | None:
+        """Publish one event and wait for the stream's ack; the failure instead of raising."""
+        event_id = str(event["event_id"])
+        subject = f"{self.options['subject_prefix']}{event['topic']}"
+        headers = {"Nats-Msg-Id": event_id, KEY_HEADER: str(event["key"]), TOPIC_HEADER: str(event["topic"])}
+        try:
+            await client.jetstream(timeout=self.ack_timeout).publish(
+                subject,
+                event_body(event),
+                timeout=self.ack_timeout,
+                stream=self.options["stream"],
+                headers=headers,
+            )
+        except Exception as exc:
+            # No stream for the subject, another stream, no ack in time, a dropped connection: the
+            # event stays unmarked, and the broker side is not taking events now.
+            return self._failure(f"nats did not store event {event_id} on {subject!r}", exc)
+        return None
+
+    def _failure(self, message: str, exc: BaseException) -> PublishError:
+        detail = f"{message}: {type(exc).__name__}: {exc}"
+        if self._last_error is not None:
+            detail += f" (last client error: {self._last_error!r})"
+        error = PublishError(detail, endpoint_down=True)
+        error.__cause__ = exc
+        return error
+
+    async def _publish_all(self, events: Sequence[Mapping[str, Any]]) -> list[PublishError | None]:
+        try:
+            client = await self._connected()
+        except Exception as exc:
+            await self._drop()
+            return [self._failure("cannot connect to nats", exc)]
+        outcomes = list(await asyncio.gather(*(self._acked(client, event) for event in events)))
+        if any(error is not None for error in outcomes):
+            await self._drop()  # rebuilt at the next publish
+        return outcomes
 
     async def _drop(self) -> None:
         client, self._client = self._client, None
@@ -136,35 +151,27 @@ class NatsPublisher(Publisher):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.close(), self.connect_timeout)
 
+    def publish_many(self, events: Sequence[Mapping[str, Any]]) -> list[PublishError | None]:
+        """Publish events of distinct keys at once and wait for every ack."""
+        if not events:
+            return []
+        bound = self.connect_timeout * 2 + self.ack_timeout + 5.0
+        try:
+            return self._loop.run(self._publish_all(events), bound)
+        except TimeoutError as exc:
+            with contextlib.suppress(Exception):
+                self._loop.run(self._drop(), self.connect_timeout + 1.0)
+            return [self._failure(f"nats did not answer within {bound:g}s", exc)]
+
     def publish(self, event: Mapping[str, Any]) -> None:
         """Publish one event and wait for the stream's ack; PublishError when it is not stored."""
-        event_id = str(event["event_id"])
-        subject = f"{self.options['subject_prefix']}{event['topic']}"
-        headers = {"Nats-Msg-Id": event_id, KEY_HEADER: str(event["key"]), TOPIC_HEADER: str(event["topic"])}
-        try:
-            self._run(self._publish(subject, event_body(event), headers))
-        except Exception as exc:
-            # Any failure (no server, no stream for the subject, no ack in time, a dropped
-            # connection) leaves the event unmarked; the client is rebuilt at the next publish.
-            with contextlib.suppress(Exception):
-                self._run(self._drop())
-            detail = f"{type(exc).__name__}: {exc}"
-            if self._last_error is not None:
-                detail += f" (last client error: {self._last_error!r})"
-            raise PublishError(
-                f"nats did not store event {event_id} on {subject!r}: {detail}", endpoint_down=True
-            ) from exc
+        (error,) = self.publish_many([event])
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Close the client and stop its loop."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        if thread.is_alive():
+        if self._loop.running:
             with contextlib.suppress(Exception):
-                self._run(self._drop())
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(5)
-        if not thread.is_alive():
-            loop.close()
-        self._loop, self._thread = None, None
+                self._loop.run(self._drop(), self.connect_timeout + 1.0)
+        self._loop.stop()
