@@ -398,3 +398,30 @@ def test_an_idle_connection_the_broker_closed_is_reopened_without_a_failure(requ
         assert [m["message_id"] for m in box.drain()] == ["before", "after"]
     else:
         assert [m["headers"]["Nats-Msg-Id"] for m in box.messages()] == ["before", "after"]
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "nats"])
+def test_a_broker_that_takes_events_but_never_answers_fails_them_in_time(request, broker):
+    box = request.getfixturevalue("rabbitmq" if broker == "rabbitmq" else "jetstream")
+    proxy = TcpProxy(RABBITMQ_PORT if broker == "rabbitmq" else NATS_PORT).start()
+    timeout = {"confirm_timeout_seconds": 0.5} if broker == "rabbitmq" else {"ack_timeout_seconds": 0.5}
+    publisher = get_publisher(broker, box.options(proxy.port, **timeout))
+    try:
+        publisher.publish({**EVENT, "event_id": "first"})  # connected
+        proxy.swallow(True)
+        started = time.monotonic()
+        outcomes = publisher.publish_many([{**EVENT, "event_id": f"silent-{k}", "key": k} for k in "ab"])
+        waited = time.monotonic() - started
+        proxy.swallow(False)
+        publisher.publish({**EVENT, "event_id": "later"})
+    finally:
+        publisher.close()
+        proxy.stop()
+    assert len(outcomes) == 2 and all(o is not None and o.endpoint_down for o in outcomes)
+    assert waited < 3
+    assert proxy.connections == 2  # the silent connection was given up, a new one opened
+    if broker == "rabbitmq":
+        ids = [m["message_id"] for m in box.drain()]
+    else:
+        ids = [m["headers"]["Nats-Msg-Id"] for m in box.messages()]
+    assert ids[0] == "first" and ids[-1] == "later"
