@@ -108,7 +108,10 @@ class ScriptedSMTPServer:
         self.hanging = 0  # clients whose data is held unanswered right now
         self.max_hanging = 0
         self.port = free_port()
-        self.controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port)
+        # A fixed greeting name: the default would look the machine's name up.
+        self.controller = Controller(
+            _Handler(self), hostname="127.0.0.1", port=self.port, server_hostname="smtp.test"
+        )
 
     def start(self) -> ScriptedSMTPServer:
         self.controller.start()
