@@ -49,8 +49,19 @@ class LoopThread:
         if loop is None or thread is None:
             return
         if thread.is_alive():
+            # Whatever the client library left scheduled is cancelled and run out, not dropped
+            # half-started with the loop.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(5)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
         if not thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 loop.close()
+
+
+async def _cancel_pending() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

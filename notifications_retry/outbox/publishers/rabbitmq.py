@@ -58,6 +58,7 @@ class RabbitMQPublisher(Publisher):
         self._loop = LoopThread("notifications-retry-rabbitmq")
         self._connection: Any = None
         self._exchange: Any = None
+        self._unclosed: list[Any] = []
 
     @classmethod
     def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
@@ -98,13 +99,20 @@ class RabbitMQPublisher(Publisher):
         ):
             return self._exchange
         await self._drop()
-        aio_pika = self._aio_pika
-        connection = await aio_pika.connect(
-            self.options["url"],
-            timeout=self.connect_timeout,
+        from aio_pika.connection import Connection, make_url
+
+        # aio_pika.connect() as written out, to close a connection whose opening failed: left to the
+        # garbage collector, it would schedule its own close on whatever thread collects it.
+        connection = Connection(
+            make_url(self.options["url"], heartbeat=int(self.options["heartbeat_seconds"])),
             client_properties={"connection_name": self.options["connection_name"]},
-            heartbeat=int(self.options["heartbeat_seconds"]),
         )
+        try:
+            await connection.connect(timeout=self.connect_timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
         self._connection = connection
         # Confirms on; a returned (unroutable) message raises instead of being handed to a callback.
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -123,6 +131,11 @@ class RabbitMQPublisher(Publisher):
         if connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), self.connect_timeout)
+            # One whose close did not finish is kept until the loop is closed: collected earlier, it
+            # would schedule its own close on whatever thread collects it.
+            self._unclosed = [c for c in self._unclosed if not c.is_closed]
+            if not connection.is_closed:
+                self._unclosed.append(connection)
 
     def _message(self, event: Mapping[str, Any]) -> Any:
         aio_pika = self._aio_pika
@@ -200,6 +213,7 @@ class RabbitMQPublisher(Publisher):
             with contextlib.suppress(Exception):
                 self._loop.run(self._drop(), self.connect_timeout + 1.0)
         self._loop.stop()
+        self._unclosed.clear()
 
 
 class _ConnectionLost(PublishError):
