@@ -132,7 +132,8 @@ def _outbox_problems(conf: RetrySettings) -> list[str]:
     problems: list[str] = []
     if not isinstance(conf.OUTBOX_PUBLISHER, str) or not conf.OUTBOX_PUBLISHER:
         problems.append(
-            f"OUTBOX_PUBLISHER must be 'log', 'http' or a dotted path, got {conf.OUTBOX_PUBLISHER!r}"
+            "OUTBOX_PUBLISHER must be 'log', 'http', 'rabbitmq', 'nats' or a dotted path, "
+            f"got {conf.OUTBOX_PUBLISHER!r}"
         )
     if not isinstance(conf.OUTBOX_PUBLISHER_OPTIONS, Mapping):
         problems.append("OUTBOX_PUBLISHER_OPTIONS must be a mapping (for 'http': {'url': ...})")

@@ -8,16 +8,36 @@ class NotificationsRetryError(Exception):
 
 
 class ProviderError(NotificationsRetryError):
-    """A send failed; ``kind`` is a low-cardinality label (metrics, dead-letter triage)."""
+    """A send failed; ``kind`` is a low-cardinality label (metrics, dead-letter triage).
+
+    ``ambiguous`` says whether the message may have been delivered all the same (a timeout after the
+    request was sent, a connection dropped mid-answer). It is True unless the raise site knows that
+    nothing can have gone out (connection refused, DNS failure, an explicit refusal answered before
+    processing): only such an *unambiguous* failure may be handed to another provider, since two
+    providers cannot deduplicate against each other. The default is the safe one.
+    """
 
     retriable: bool = True
     default_kind: str = "provider_error"
 
-    def __init__(self, message: str, *, kind: str | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str | None = None,
+        retry_after: float | None = None,
+        ambiguous: bool = True,
+    ) -> None:
         super().__init__(message)
         self.kind = kind or self.default_kind
         # Seconds the provider asked us to wait (Retry-After); the earliest next attempt.
         self.retry_after = retry_after
+        self.ambiguous = ambiguous
+
+    @property
+    def unambiguous(self) -> bool:
+        """Nothing of this attempt can have been delivered."""
+        return not self.ambiguous
 
 
 class RetryableProviderError(ProviderError):

@@ -6,8 +6,9 @@ A batch:
    (a short transaction), and takes a session advisory lock per key on a dedicated connection,
    skipping keys another relay holds;
 2. re-reads the unpublished events of the keys it locked, in order of creation;
-3. publishes them one by one with no transaction open; after the first failure of a key the later
-   events of that key are not tried, and a failure that says the endpoint is down ends the batch;
+3. publishes them with no transaction open, one by one (or, to a publisher that pipelines, in waves
+   of at most one event per key); after the first failure of a key the later events of that key are
+   not tried, and a failure that says the endpoint is down ends the batch;
 4. marks the published ones in one short transaction, and releases the key locks.
 
 A crash between 3 and 4 leaves the events unpublished: the next run publishes them again (at least
@@ -195,6 +196,9 @@ class Relay:
         return report
 
     def _publish(self, rows: Sequence[Outbox], published: list[int], report: RelayReport) -> None:
+        if self.publisher.pipelines:
+            self._publish_in_waves(rows, published, report)
+            return
         blocked: set[str] = set()
         for event in rows:
             if self._stop.is_set():
@@ -208,19 +212,62 @@ class Relay:
                 report.failed += 1
                 blocked.add(event.key)
                 report.blocked_keys.append(event.key)
-                log.warning(
-                    "outbox-publish-failed",
-                    event_id=str(event.event_id),
-                    key=event.key,
-                    generation=event.generation,
-                    error=str(exc),
-                    endpoint_down=exc.endpoint_down,
-                )
+                self._log_failure(event, exc)
                 if exc.endpoint_down:
                     report.endpoint_down = True
                     return
                 continue
             published.append(event.id)
+
+    def _publish_in_waves(self, rows: Sequence[Outbox], published: list[int], report: RelayReport) -> None:
+        """Hand a pipelining publisher the batch in waves of at most one event per key.
+
+        A wave is all in flight at once; a key's next event waits for the next wave, so a key whose
+        event failed never has a later event out before it (order per key holds as one by one).
+        """
+        blocked: set[str] = set()
+        pending = list(rows)
+        while pending:
+            if self._stop.is_set():
+                report.stopped = True
+                return
+            wave: list[Outbox] = []
+            later: list[Outbox] = []
+            in_wave: set[str] = set()
+            for event in pending:
+                if event.key in blocked:
+                    continue
+                if event.key in in_wave:
+                    later.append(event)
+                else:
+                    in_wave.add(event.key)
+                    wave.append(event)
+            if not wave:
+                return
+            outcomes = self.publisher.publish_many([events.envelope(event) for event in wave])
+            for event, error in zip(wave, outcomes, strict=False):
+                if error is None:
+                    published.append(event.id)
+                    continue
+                report.failed += 1
+                blocked.add(event.key)
+                report.blocked_keys.append(event.key)
+                report.endpoint_down = report.endpoint_down or error.endpoint_down
+                self._log_failure(event, error)
+            if report.endpoint_down or len(outcomes) < len(wave):
+                report.endpoint_down = True
+                return
+            pending = later
+
+    def _log_failure(self, event: Outbox, error: PublishError) -> None:
+        log.warning(
+            "outbox-publish-failed",
+            event_id=str(event.event_id),
+            key=event.key,
+            generation=event.generation,
+            error=str(error),
+            endpoint_down=error.endpoint_down,
+        )
 
     def _mark(self, ids: list[int]) -> None:
         now: datetime = self.clock.now()

@@ -1,7 +1,8 @@
 """Provider registry keyed by ``ChannelConfig.provider_key``.
 
-Built-ins are ``in_app``, ``stub`` and ``webhook``; ``NOTIFICATIONS_RETRY["PROVIDERS"]`` adds or
-replaces entries with dotted paths of :class:`Provider` subclasses.
+Built-ins are ``in_app``, ``stub``, ``webhook`` and ``django_email``;
+``NOTIFICATIONS_RETRY["PROVIDERS"]`` adds or replaces entries with dotted paths of :class:`Provider`
+subclasses.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from django.utils.module_loading import import_string
 from ..conf import get_settings
 from ..exceptions import ChannelConfigurationError
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
+from .django_email import DjangoEmailProvider
 from .in_app import InAppProvider
 from .stub import StubProvider
 from .webhook import WebhookProvider
@@ -19,6 +21,7 @@ BUILTIN_PROVIDERS: dict[str, type[Provider]] = {
     InAppProvider.key: InAppProvider,
     StubProvider.key: StubProvider,
     WebhookProvider.key: WebhookProvider,
+    DjangoEmailProvider.key: DjangoEmailProvider,
 }
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Publisher registry for the outbox relay: built-ins ``log`` and ``http``, or a dotted path."""
+"""Publisher registry for the outbox relay: built-ins ``log``, ``http``, ``rabbitmq`` and ``nats``, or a
+dotted path. The broker publishers import their clients (extras ``rabbitmq``, ``nats``) when built."""
 
 from __future__ import annotations
 
@@ -10,18 +11,24 @@ from django.utils.module_loading import import_string
 from notifications_retry.outbox.publishers.base import Publisher, PublishError
 from notifications_retry.outbox.publishers.http import HttpPublisher
 from notifications_retry.outbox.publishers.log import LogPublisher
+from notifications_retry.outbox.publishers.nats_jetstream import NatsPublisher
+from notifications_retry.outbox.publishers.rabbitmq import RabbitMQPublisher
 
 BUILTIN_PUBLISHERS: dict[str, type[Publisher]] = {
     LogPublisher.name: LogPublisher,
     HttpPublisher.name: HttpPublisher,
+    RabbitMQPublisher.name: RabbitMQPublisher,
+    NatsPublisher.name: NatsPublisher,
 }
 
 __all__ = [
     "BUILTIN_PUBLISHERS",
     "HttpPublisher",
     "LogPublisher",
+    "NatsPublisher",
     "PublishError",
     "Publisher",
+    "RabbitMQPublisher",
     "get_publisher",
     "get_publisher_class",
 ]

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
+
+
+def event_body(event: Mapping[str, Any]) -> bytes:
+    """The event as compact JSON, identical at every re-publish of it."""
+    return json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
 
 
 class PublishError(Exception):
@@ -20,7 +26,7 @@ class PublishError(Exception):
 
 
 class Publisher(abc.ABC):
-    """Publishes events one at a time, in the order the relay gives them; raises PublishError."""
+    """Publishes events in the relay's order (or in waves, with ``publish_many``); raises PublishError."""
 
     name: ClassVar[str] = ""
 
@@ -35,6 +41,22 @@ class Publisher(abc.ABC):
     @abc.abstractmethod
     def publish(self, event: Mapping[str, Any]) -> None:
         """Deliver one event (the envelope of ``events.envelope``); return only once it is accepted."""
+
+    def publish_many(self, events: Sequence[Mapping[str, Any]]) -> list[PublishError | None]:
+        """Deliver events of distinct keys at once (optional); one outcome per event, None = accepted.
+
+        A publisher that overrides this is given the batch in waves holding at most one event per key,
+        so it may have all of a wave in flight together (pipelined confirms) and keep no order among
+        them; the relay waits for the wave's outcomes before the next one. A list shorter than
+        ``events`` means the rest were not tried (the endpoint is down). Without an override the relay
+        calls :meth:`publish` once per event, in order.
+        """
+        raise NotImplementedError
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether this publisher overrides :meth:`publish_many`."""
+        return type(self).publish_many is not Publisher.publish_many
 
     def close(self) -> None:  # noqa: B027 - an optional hook: most publishers hold nothing
         """Release clients and connections."""

@@ -1,0 +1,125 @@
+"""The ``django_email`` provider through django-anymail's real Postmark backend, its API on 127.0.0.1.
+
+The backend is anymail's own, unchanged: only its ``api_url`` points at a local HTTP server
+(tests/support/http_server.py) that answers as Postmark does.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
+from notifications_retry.models import NotificationEntity
+from notifications_retry.providers.email_message import message_id
+from tests.integration.test_django_email_provider import (
+    assert_retry,
+    assert_terminal,
+    outgoing,
+    provider,
+    tick_one,
+)
+from tests.support.http_server import RecordedRequest, Reply, ScriptedServer
+from tests.support.processes import free_port
+
+Status = NotificationEntity.Status
+POSTMARK_BACKEND = "anymail.backends.postmark.EmailBackend"
+
+
+def postmark_options(server: ScriptedServer) -> dict[str, object]:
+    api_url = server.url.rsplit("/", 1)[0] + "/"
+    return {
+        "backend": POSTMARK_BACKEND,
+        "backend_options": {"server_token": "test-token", "api_url": api_url},
+    }
+
+
+def postmark_ok(request: RecordedRequest) -> Reply:
+    to = request.json()["To"]
+    return Reply(
+        200,
+        {
+            "To": to,
+            "SubmittedAt": "2026-01-01T00:00:00Z",
+            "MessageID": "pm-42",
+            "ErrorCode": 0,
+            "Message": "OK",
+        },
+    )
+
+
+@pytest.mark.django_db
+def test_postmark_200_is_sent_with_the_esp_message_id(clock, webhook_server):
+    webhook_server.responder = postmark_ok
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    assert row.status == Status.SENT, row.last_error
+    assert row.provider_message_id == "pm-42"
+    (request,) = webhook_server.requests
+    assert request.path.endswith("/email")
+    assert request.headers["x-postmark-server-token"] == "test-token"
+    sent = request.json()
+    headers = {h["Name"]: h["Value"] for h in sent["Headers"]}
+    assert headers["X-Notification-Id"] == str(row.id)
+    assert headers["Message-ID"] == message_id(row.id, "example.com")
+    assert (sent["Subject"], sent["TextBody"], sent["To"]) == ("Your order", "It shipped.", "ann@example.com")
+
+
+@pytest.mark.django_db
+def test_postmark_422_inactive_recipient_is_terminal_recipients_refused(clock, webhook_server):
+    webhook_server.responder = lambda r: Reply(
+        422,
+        {
+            "ErrorCode": 406,
+            "Message": "You tried to send to a recipient that has been marked as inactive.\n"
+            "Found inactive addresses: ann@example.com.\nInactive recipients are ones that have "
+            "generated a hard bounce or a spam complaint.",
+        },
+    )
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    assert_terminal(row, "recipients_refused")
+
+
+@pytest.mark.django_db
+def test_postmark_422_invalid_request_is_terminal_http_4xx(clock, webhook_server):
+    webhook_server.responder = lambda r: Reply(
+        422, {"ErrorCode": 300, "Message": "Invalid 'From' address: 'shop@example.com'."}
+    )
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    assert_terminal(row, "http_4xx")
+    assert "422" in row.last_error
+
+
+@pytest.mark.django_db
+def test_postmark_429_is_retried_no_sooner_than_retry_after(clock, webhook_server):
+    webhook_server.responder = lambda r: Reply(
+        429, {"ErrorCode": 429, "Message": "Rate limit"}, headers={"Retry-After": "900"}
+    )
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    assert_retry(row, clock, "throttled")
+    assert row.next_attempt_at >= clock.now() + timedelta(seconds=900)
+
+
+@pytest.mark.django_db
+def test_postmark_500_is_retried(clock, webhook_server):
+    webhook_server.responder = lambda r: Reply(500, {"ErrorCode": 500, "Message": "Internal error"})
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    assert_retry(row, clock, "http_5xx")
+
+
+def test_postmark_errors_say_whether_they_are_ambiguous(webhook_server):
+    for status, error, ambiguous in (
+        (429, RetryableProviderError, False),
+        (500, RetryableProviderError, True),
+        (503, RetryableProviderError, False),
+        (400, PermanentProviderError, False),
+    ):
+        webhook_server.responder = lambda r, s=status: Reply(s, {"ErrorCode": s, "Message": "x"})
+        with pytest.raises(error) as info:
+            provider(postmark_options(webhook_server)).send(outgoing())
+        assert info.value.ambiguous is ambiguous, status
+    options = postmark_options(webhook_server)
+    options["backend_options"] = {"server_token": "t", "api_url": f"http://127.0.0.1:{free_port()}/"}
+    with pytest.raises(RetryableProviderError) as refused:
+        provider(options).send(outgoing())
+    assert (refused.value.kind, refused.value.ambiguous) == ("connection", False)
