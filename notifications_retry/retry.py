@@ -7,6 +7,8 @@ import random
 from datetime import datetime, timedelta
 
 FIXED = "fixed"
+#: The longest wait before a next attempt, whatever the backoff or a provider's Retry-After says.
+MAX_DELAY_SECONDS = 366 * 86_400
 EXPONENTIAL = "exponential"
 
 
@@ -47,4 +49,6 @@ def next_attempt_at(
     delay = policy.delay(attempts, rng)
     if retry_after is not None:
         delay = max(delay, retry_after)
-    return now + timedelta(seconds=delay)
+    # Whatever a provider asked for, the next attempt stays within a year: a datetime cannot hold
+    # an absurd Retry-After, and an outcome must always be computable.
+    return now + timedelta(seconds=min(delay, MAX_DELAY_SECONDS))

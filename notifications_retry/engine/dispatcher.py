@@ -37,6 +37,9 @@ COLLECT_DELAY_SECONDS = 0.002
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
 LOCK_CHECK_SECONDS = 0.5
+#: Once no more is claimed, calls still running this long past the channel timeout are abandoned (a
+#: provider that ignores its own deadline): the tick ends, the records come back after their lease.
+CALLS_DRAIN_GRACE_SECONDS = 0.5
 
 
 class Finished:
@@ -126,6 +129,8 @@ class Dispatcher:
         self.done: queue.SimpleQueue[Finished] = queue.SimpleQueue()
         #: Rows the claim could not read or lease, skipped from then on (logged once each).
         self.poisoned: set[Any] = set()
+        #: Set when the tick stopped waiting for calls that outlived every bound.
+        self.abandoned = False
         self.feedback = FlowFeedback(conf, monotonic, None)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -147,12 +152,24 @@ class Dispatcher:
         remaining = batch_size
         lock_checked_at, lock_ok = -LOCK_CHECK_SECONDS, False
         chunk = max(1, min(self.conf.CLAIM_CHUNK_SIZE, batch_size))
+        self.abandoned = False
+        # No call may outlive its timeout and the executor's grace: past that (a provider that ignores
+        # its own deadline) the tick stops waiting, and the records come back after their lease.
+        calls_bound = max([float(rt.config.timeout_seconds) for rt in runtimes.values()] or [0.0])
+        calls_bound += CALLS_DRAIN_GRACE_SECONDS
+        drain_from: float | None = None
         while True:
             now_mono = self.monotonic()
             if claiming and (self.stopping() or now_mono >= deadline or remaining <= 0):
                 claiming = False
                 stats.stopped = self.stopping()
                 stats.deadline_reached = now_mono >= deadline
+            if not claiming and drain_from is None:
+                drain_from = now_mono
+            if drain_from is not None and self.running and now_mono - drain_from > calls_bound:
+                self.abandoned = True
+                bound.error("calls-abandoned", count=self.running, reason="past the channel timeout")
+                break
             if self.stopping() and any(rt.queue for rt in runtimes.values()):
                 self._release_queued(runtimes, bound, "stop requested before they were sent")
             if claiming:
@@ -195,6 +212,8 @@ class Dispatcher:
 
     def finish_calls(self, bound: Any, timeout: float) -> None:
         """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""
+        if self.abandoned:
+            timeout = 0.0
         until = self.monotonic() + timeout
         while self.running and self.monotonic() < until:
             self.collect(min(0.05, max(0.0, until - self.monotonic())), 0.0, bound)
@@ -313,7 +332,11 @@ class Dispatcher:
             outcome = await self.executor.send_async(rt, record)
             with self.lock:
                 at = self.monotonic()
-                returned = self.feedback.account(rt, outcome, at)
+                try:
+                    returned = self.feedback.account(rt, outcome, at)
+                except Exception as exc:  # flow control must never lose an outcome or a slot's count
+                    log.error("flow-control-failed", channel=rt.key, error=f"{type(exc).__name__}: {exc}")
+                    returned = []
                 self.running -= 1
                 self.done.put(Finished(rt, outcome, returned, at))
                 if not self.stopping() and rt.queue and rt.can_start(self.monotonic()):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import ClassVar
 
+from notifications_retry.exceptions import ProviderThrottled
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
 
 
@@ -35,3 +37,28 @@ class RecordingProvider(Provider):
     def send(self, message: OutgoingMessage) -> SendResult:
         _log_call(self.channel.options.get("call_log"), message)
         return SendResult(provider_message_id=f"rec:{message.notification_id}")
+
+
+class DeadlineIgnoringProvider(Provider):
+    """Claims to bound its own calls by the channel's timeout, then never answers (a provider bug)."""
+
+    key: ClassVar[str] = "deadline_ignoring"
+    enforces_timeout = True
+
+    async def send_async(self, message: OutgoingMessage) -> SendResult:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class AbsurdAnswerProvider(Provider):
+    """Answers with what a hostile server might make a client raise: ``options["answer"]`` picks it."""
+
+    key: ClassVar[str] = "absurd_answer"
+
+    async def send_async(self, message: OutgoingMessage) -> SendResult:
+        answer = self.channel.options.get("answer")
+        if answer == "overflow":
+            raise OverflowError("date value out of range")
+        if answer == "huge_retry_after":
+            raise ProviderThrottled("429 with Retry-After: 999999999999", retry_after=999_999_999_999.0)
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON object")
