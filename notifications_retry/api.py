@@ -13,6 +13,7 @@ once that time has come, and so is a Failed one whose ``next_attempt_at`` has co
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import random
 import uuid
@@ -324,4 +325,15 @@ def _call_once(provider: Provider, message: OutgoingMessage) -> SendResult:
         finally:
             provider.close()
 
-    return asyncio.run(call())
+    if _running_loop() is None:
+        return asyncio.run(call())
+    # Called from a thread whose loop is running (asyncio.run cannot nest): a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, call()).result()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -7,6 +7,7 @@ Outside CI a test skips, saying why, when its broker is not running; with ``CI``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import socket
@@ -99,6 +100,13 @@ async def _with_nats(action: Any) -> Any:
         await client.close()
 
 
+def _run(coroutine: Any) -> Any:
+    """Run a coroutine to completion on a thread of its own: the calling thread may have a loop
+    running already (a browser test's driver leaves one), and asyncio.run refuses to nest."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 class NatsBox:
     """A JetStream stream over this test's subjects, with a two-minute duplicate window."""
 
@@ -114,7 +122,7 @@ class NatsBox:
                 StreamConfig(name=self.stream, subjects=[f"{self.prefix}>"], duplicate_window=120.0)
             )
 
-        asyncio.run(_with_nats(create))
+        _run(_with_nats(create))
 
     @staticmethod
     def url(port: int = NATS_PORT) -> str:
@@ -128,7 +136,7 @@ class NatsBox:
             info = await client.jetstream().stream_info(self.stream)
             return int(info.state.messages)
 
-        return int(asyncio.run(_with_nats(count)))
+        return int(_run(_with_nats(count)))
 
     def messages(self) -> list[dict[str, Any]]:
         """Every stored message in stream order: subject, headers and decoded body."""
@@ -146,13 +154,13 @@ class NatsBox:
                 )
             return stored
 
-        return list(asyncio.run(_with_nats(read)))
+        return list(_run(_with_nats(read)))
 
     def close(self) -> None:
         async def delete(client: Any) -> None:
             await client.jetstream().delete_stream(self.stream)
 
-        asyncio.run(_with_nats(delete))
+        _run(_with_nats(delete))
 
 
 def nats_box() -> Iterator[NatsBox]:
