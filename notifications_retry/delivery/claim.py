@@ -54,7 +54,7 @@ class ClaimBatch:
 
     records: list[ClaimedRecord]
     settled: list[Outcome]
-    #: True when due rows were left for the next claim on purpose (a recovered lease is claimed alone).
+    #: True when due rows were left for the next claim on purpose (recovered leases are claimed apart).
     more: bool = False
     #: Rows the claim could not read or lease, with the database's reason.
     poisoned: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
@@ -67,7 +67,11 @@ SELECT n.id, n.tenant_id, n.channel_id, n.recipient, n.payload, n.notification_t
        n.status, n.attempts,
        CASE WHEN n.expires_at IS NOT NULL THEN LEAST(GREATEST(n.expires_at,
            '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END,
-       n.correlation_id, n.requeue_count, c.lease, n.claim_token IS NOT NULL AS recovered
+       n.correlation_id, n.requeue_count, c.lease, n.claim_token IS NOT NULL AS recovered,
+       -- A recovered row's attempts that never finished (counted at claim, never logged): its crashes.
+       CASE WHEN n.claim_token IS NOT NULL THEN n.attempts - (
+           SELECT count(*) FROM jsonb_array_elements(n.attempt_log) e
+           WHERE (e->>'generation')::int = n.requeue_count) END AS crashes
 FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[]) AS c(channel_id, lim, lease)
 CROSS JOIN LATERAL (
     SELECT t.* FROM {_TABLE} t
@@ -213,12 +217,7 @@ class _Claim:
             bound_transaction(cursor)
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-            # A row whose lease expired was in flight when a worker died: maybe it killed the worker.
-            # Claim it alone, so a poison record cannot take healthy batch-mates down with it again.
-            recovered = [row for row in rows if row[-1]]
-            more = bool(recovered) and len(rows) > 1
-            if recovered:
-                rows = recovered[:1]
+            rows, more = _recovery_group(rows)
             ids: list[str] = []
             leases: list[str] = []
             for row in rows:
@@ -304,6 +303,29 @@ class _Claim:
             batch.records += one.records
             batch.settled += one.settled
         return batch
+
+
+#: Recovered rows whose worker died once with them are claimed in groups of at most this many.
+RECOVERY_GROUP = 16
+
+
+def _recovery_group(rows: list[Any]) -> tuple[list[Any], bool]:
+    """The rows to lease now, and whether due rows were left out on purpose.
+
+    A row whose lease expired was in flight when its worker died: maybe it killed the worker. Rows
+    that did so once are claimed in small groups (a recovery as fast as a group's sends); a row that
+    was in flight at two deaths is claimed alone, so a payload that kills the process takes no
+    healthy batch-mate down with it again.
+    """
+    recovered = [row for row in rows if row[_RECOVERED]]
+    if not recovered:
+        return rows, False
+    once = [row for row in recovered if (row[_CRASHES] or 0) <= 1]
+    chosen = once[:RECOVERY_GROUP] if once else recovered[:1]
+    return chosen, len(chosen) < len(rows)
+
+
+_RECOVERED, _CRASHES = 13, 14
 
 
 def _json(value: Any) -> Any:

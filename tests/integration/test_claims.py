@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import psycopg
@@ -281,3 +282,32 @@ def test_worker_recovers_every_expired_lease_in_one_tick(clock):
     clock.advance(31)
     stats = Worker(clock=clock).tick()
     assert stats.sent == 6
+
+
+@pytest.mark.django_db
+def test_recovered_leases_come_back_in_small_groups_and_twice_recovered_ones_alone(clock):
+    from notifications_retry.delivery.claim import RECOVERY_GROUP
+
+    channel = ChannelFactory(key="hook-recovery", provider_key="in_app")
+    expired = clock.now() - timedelta(seconds=5)
+    once = [
+        NotificationFactory(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            claim_token=uuid.uuid4(),
+            claim_expires_at=expired,
+            next_attempt_at=expired,
+        )
+        for _ in range(RECOVERY_GROUP + 4)
+    ]
+    plan = [ChannelClaim(channel.pk, 100, 60.0)]
+    budgets = {channel.pk: (10, channel.key)}
+    first = claim_due(clock.now(), plan, total=100, budgets=budgets)
+    assert len(first.records) == RECOVERY_GROUP and first.more
+    second = claim_due(clock.now(), plan, total=100, budgets=budgets)
+    assert len(second.records) == 4
+    # Leased again by those claims, and never finished: each row was now in flight at two deaths.
+    NotificationEntity.objects.filter(pk__in=[r.pk for r in once]).update(claim_expires_at=expired)
+    alone = claim_due(clock.now(), plan, total=100, budgets=budgets)
+    assert len(alone.records) == 1 and alone.more
