@@ -1,0 +1,217 @@
+"""The database's own rules for the app's tables: django-pgtrigger triggers and their SQL.
+
+Kept apart from the models so that each table's columns read in one screen; the models attach these
+lists in their ``Meta.triggers``. Every rule is tested by trying to break it with raw SQL.
+"""
+
+from __future__ import annotations
+
+import pgtrigger
+
+# Kept in one place: the due-time rule the claim index and the trigger agree on.
+DUE_AT_SQL = """
+    NEW.due_at := CASE
+        WHEN NEW.claim_token IS NOT NULL THEN NEW.claim_expires_at
+        WHEN NEW.status = 'failed' AND NEW.dead_lettered_at IS NULL
+            THEN COALESCE(NEW.next_attempt_at, NEW.created_at)
+        WHEN NEW.status = 'pending' THEN NEW.scheduled_at
+        ELSE NULL
+    END;
+    RETURN NEW;
+"""
+
+
+# The refund of an unstarted claim (delivery.release): one attempt given back, the lease cleared, the
+# status untouched. The only way attempts go down besides an audited requeue.
+REFUND_OF_UNSTARTED_CLAIM_SQL = (
+    "NEW.attempts = OLD.attempts - 1 AND OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL "
+    "AND NEW.claim_expires_at IS NULL AND NEW.status = OLD.status"
+)
+
+
+# A requeue is one step up, of a dead letter, with its DeadLetterAction row written first.
+REQUEUE_AUDITED_SQL = """
+    IF NEW.requeue_count <> OLD.requeue_count + 1 THEN
+        RAISE EXCEPTION 'requeue must be audited: requeue_count moves by one (notification %: % -> %)',
+            OLD.id, OLD.requeue_count, NEW.requeue_count USING ERRCODE = 'check_violation';
+    END IF;
+    IF OLD.dead_lettered_at IS NULL THEN
+        RAISE EXCEPTION 'requeue must be audited: notification % is not a dead letter', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF (SELECT count(*) FROM notifications_retry_deadletteraction a
+        WHERE a.notification_id = NEW.id AND a.action = 'requeue') < NEW.requeue_count THEN
+        RAISE EXCEPTION 'requeue must be audited: no DeadLetterAction row for requeue % of notification %',
+            NEW.requeue_count, OLD.id USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+"""
+
+# An event exists only for an outcome the notification row holds now: Sent, or terminal Failed
+# (dead-lettered), of the current generation; and it starts unpublished so the relay sees it.
+OUTBOX_MATCHES_OUTCOME_SQL = """
+        IF NEW.published_at IS NOT NULL THEN
+            RAISE EXCEPTION 'outbox event % must be inserted unpublished', NEW.event_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.topic <> 'pin.notifications.dispatched.v1' THEN
+            RETURN NEW;
+        END IF;
+        IF NEW.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+           OR NEW.payload->>'notification_id' IS DISTINCT FROM NEW.key THEN
+            RAISE EXCEPTION 'outbox event %: key % must be the NotificationId of its payload',
+                NEW.event_id, NEW.key USING ERRCODE = 'check_violation';
+        END IF;
+        SELECT n.status, n.dead_lettered_at, n.requeue_count INTO n_status, n_dead, n_generation
+        FROM notifications_retry_notificationentity n WHERE n.id = NEW.key::uuid;
+        IF NOT FOUND OR n_generation <> NEW.generation OR NOT (
+            (n_status = 'sent' AND NEW.payload->>'status' = 'Sent')
+            OR (n_status = 'failed' AND n_dead IS NOT NULL AND NEW.payload->>'status' = 'Failed')
+        ) THEN
+            RAISE EXCEPTION 'dispatched events only on Sent and terminal Failed: event % (% gen %) %',
+                NEW.event_id, NEW.payload->>'status', NEW.generation,
+                format('does not match notification %s (%s, dead letter %s, gen %s)', NEW.key, n_status,
+                       n_dead IS NOT NULL, n_generation) USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+"""
+
+
+def notification_triggers() -> list[pgtrigger.Trigger]:
+    """The rules of ``NotificationEntity``: due time, transitions, attempts, leases, dead letters."""
+    return [
+        pgtrigger.Trigger(
+            name="nr_maintain_due_at",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Insert | pgtrigger.Update,
+            func=DUE_AT_SQL,
+        ),
+        pgtrigger.Trigger(
+            name="nr_status_transitions",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            condition=pgtrigger.Condition(
+                "OLD.status IS DISTINCT FROM NEW.status AND (OLD.status, NEW.status) NOT IN "
+                "(('failed', 'sent'), ('pending', 'sent'), ('pending', 'failed'))"
+            ),
+            func=(
+                "RAISE EXCEPTION 'INV-NTF-5 forbids the status transition % -> % (notification %)', "
+                "OLD.status, NEW.status, OLD.id USING ERRCODE = 'check_violation'; RETURN NULL;"
+            ),
+        ),
+        pgtrigger.Trigger(
+            name="nr_attempts_monotonic",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            # The one other decrease: the refund of a claimed attempt that never started
+            # (delivery.release), by exactly one, in the UPDATE that gives the lease back.
+            condition=pgtrigger.Condition(
+                "NEW.requeue_count < OLD.requeue_count OR "
+                "(NEW.attempts < OLD.attempts AND NEW.requeue_count = OLD.requeue_count AND NOT ("
+                + REFUND_OF_UNSTARTED_CLAIM_SQL
+                + "))"
+            ),
+            func=(
+                "RAISE EXCEPTION 'attempts may only decrease through an audited requeue "
+                "(notification %: attempts % -> %, requeue_count % -> %)', OLD.id, OLD.attempts, "
+                "NEW.attempts, OLD.requeue_count, NEW.requeue_count USING ERRCODE = 'check_violation'; "
+                "RETURN NULL;"
+            ),
+        ),
+        pgtrigger.Trigger(
+            name="nr_lease_cleared_with_status",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            # A writer that does not hold the claim (the monolith marking a leased row Sent) would
+            # leave a final row with a live lease, which the worker's finalize then fails on.
+            condition=pgtrigger.Condition(
+                "OLD.claim_token IS NOT NULL AND NEW.status IS DISTINCT FROM OLD.status AND "
+                "(NEW.claim_token IS NOT NULL OR NEW.claim_expires_at IS NOT NULL)"
+            ),
+            func=(
+                "RAISE EXCEPTION 'INV-LEASE: notification % is leased (claim %): its status changes only "
+                "in the UPDATE that clears the lease (claim_token and claim_expires_at set to NULL)', "
+                "OLD.id, OLD.claim_token USING ERRCODE = 'check_violation'; RETURN NULL;"
+            ),
+        ),
+        pgtrigger.Trigger(
+            name="nr_sent_is_final",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            # Recipient and payload stay editable (redaction); the delivery outcome does not.
+            condition=pgtrigger.Condition(
+                "OLD.status = 'sent' AND "
+                "(OLD.attempts, OLD.requeue_count, OLD.provider_message_id, OLD.next_attempt_at, "
+                "OLD.claim_token, OLD.claim_expires_at, OLD.dead_lettered_at, OLD.resolution, "
+                "OLD.error_kind) "
+                "IS DISTINCT FROM "
+                "(NEW.attempts, NEW.requeue_count, NEW.provider_message_id, NEW.next_attempt_at, "
+                "NEW.claim_token, NEW.claim_expires_at, NEW.dead_lettered_at, NEW.resolution, "
+                "NEW.error_kind)"
+            ),
+            func=(
+                "RAISE EXCEPTION 'INV-NTF-5: notification % is Sent, which is final: its delivery state "
+                "cannot change', OLD.id USING ERRCODE = 'check_violation'; RETURN NULL;"
+            ),
+        ),
+        pgtrigger.Trigger(
+            name="nr_dead_letter_terminal",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            condition=pgtrigger.Condition(
+                "OLD.dead_lettered_at IS NOT NULL AND "
+                "NEW.dead_lettered_at IS DISTINCT FROM OLD.dead_lettered_at AND "
+                "NEW.requeue_count = OLD.requeue_count"
+            ),
+            func=(
+                "RAISE EXCEPTION 'notification % is a dead letter: it leaves the dead-letter state only "
+                "through an audited requeue', OLD.id USING ERRCODE = 'check_violation'; RETURN NULL;"
+            ),
+        ),
+        pgtrigger.Trigger(
+            name="nr_requeue_audited",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            condition=pgtrigger.Condition("NEW.requeue_count IS DISTINCT FROM OLD.requeue_count"),
+            func=REQUEUE_AUDITED_SQL,
+        ),
+    ]
+
+
+def outbox_triggers() -> list[pgtrigger.Trigger]:
+    """The rules of ``Outbox``: events match their outcome, are immutable, outlive their publishing."""
+    return [
+        pgtrigger.Trigger(
+            name="nr_outbox_matches_outcome",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Insert,
+            declare=[("n_status", "text"), ("n_dead", "timestamptz"), ("n_generation", "integer")],
+            func=OUTBOX_MATCHES_OUTCOME_SQL,
+        ),
+        pgtrigger.Trigger(
+            name="nr_outbox_immutable",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Update,
+            condition=pgtrigger.Condition(
+                "OLD.published_at IS NOT NULL OR "
+                "(OLD.id, OLD.event_id, OLD.topic, OLD.key, OLD.contract_version, OLD.generation, "
+                "OLD.payload::text, OLD.created_at) IS DISTINCT FROM "
+                "(NEW.id, NEW.event_id, NEW.topic, NEW.key, NEW.contract_version, NEW.generation, "
+                "NEW.payload::text, NEW.created_at)"
+            ),
+            func=(
+                "RAISE EXCEPTION 'outbox event % is immutable: only marking it published is allowed', "
+                "OLD.event_id USING ERRCODE = 'check_violation'; RETURN NULL;"
+            ),
+        ),
+        pgtrigger.Trigger(
+            name="nr_outbox_keep_unpublished",
+            when=pgtrigger.Before,
+            operation=pgtrigger.Delete,
+            condition=pgtrigger.Condition("OLD.published_at IS NULL"),
+            func=(
+                "RAISE EXCEPTION 'outbox event % is not published yet and cannot be deleted', "
+                "OLD.event_id USING ERRCODE = 'check_violation'; RETURN NULL;"
+            ),
+        ),
+    ]
