@@ -7,6 +7,8 @@ stdlib ``logging`` module, or written by structlog itself (:func:`configure_logg
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 
@@ -32,12 +34,24 @@ INSTALLED_APPS = [
     "pgtrigger",
     "notifications_retry",
 ]
+if importlib.util.find_spec("post_office") is not None:
+    # django-post_office (the ``bench`` extra) is measured beside the worker; its mails go nowhere.
+    INSTALLED_APPS.append("post_office")
+    EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+    POST_OFFICE = {
+        "BACKENDS": {"default": "django.core.mail.backends.dummy.EmailBackend"},
+        "BATCH_SIZE": 200,
+        "LOG_LEVEL": 0,
+        "MESSAGE_ID_ENABLED": False,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 NOTIFICATIONS_RETRY: dict[str, object] = {
     "CLOCK": "system",
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
     "WORKER_THREADS": 64,
 }
+# Worker subprocesses of the crash benchmark get a few settings more (a short lease grace) as JSON.
+NOTIFICATIONS_RETRY.update(json.loads(os.environ.get("NR_BENCH_SETTINGS_JSON") or "{}"))
 
 _shared = [
     structlog.contextvars.merge_contextvars,
