@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,15 @@ class PrivateCluster:
             str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False
         )
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_on_server(server: str, measure: Callable[[], int]) -> int:
+    """Run ``measure`` on a private cluster (``private``) or on the server of DATABASE_URL (``url``)."""
+    if server == "url":
+        return measure()
+    cluster = PrivateCluster().start()
+    os.environ["DATABASE_URL"] = cluster.url
+    try:
+        return measure()
+    finally:
+        cluster.stop()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
+import re
 import time
 
-from bench.db import add_rows, channel, reset_rows
+from bench.db import ROOT, add_rows, channel, reset_rows
 from bench.worker_drain import drain_once
 
 
@@ -43,5 +45,8 @@ def profile_drain(rows: int, profiler: str = "cprofile", top: int = 40) -> str:
         stats = pstats.Stats(profile, stream=out)
         stats.sort_stats("cumulative").print_stats(top)
         body = out.getvalue()
+    # Paths relative to the project and to site-packages: shorter lines, and no machine's layout.
+    body = body.replace(ROOT + os.sep, "")
+    body = re.sub(r"\S*site-packages/", "", body)
     summary = f"sent {sent:,} rows in {elapsed:.1f} s under the profiler ({sent / elapsed:,.0f} rows/s)"
     return "\n".join([header, summary, body])

@@ -41,6 +41,10 @@ class Sink:
         stats["arrivals"] = sorted(stats["arrivals"])
         return stats
 
+    def count(self) -> int:
+        """POSTs received since the last reset."""
+        return int(self._get("/count")["count"])
+
     def keys(self) -> dict[str, int]:
         """POSTs received per ``Idempotency-Key`` since the last reset."""
         keys: dict[str, int] = self._get("/keys")

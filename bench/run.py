@@ -23,7 +23,7 @@ import os
 import sys
 
 from bench import ceiling, claims, memory
-from bench.cluster import PrivateCluster, pg_bin
+from bench.cluster import pg_bin, run_on_server
 from bench.db import add_rows, bench_dbname, channel, recreate_database, reset_rows, setup_django
 from bench.receiver import Sink, http_drain
 
@@ -216,14 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_memory_drain is not None:
         memory.child_memory_drain(args.child_memory_drain)
         return 0
-    if args.server == "url":
-        return _measure(args)
-    cluster = PrivateCluster().start()
-    os.environ["DATABASE_URL"] = cluster.url
-    try:
-        return _measure(args)
-    finally:
-        cluster.stop()
+    return run_on_server(args.server, lambda: _measure(args))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ class _Connection(asyncio.Protocol):
         if self.parser.get_method() != b"POST":
             if self.url == b"/stats":
                 self._write_json(receiver.stats())
+            elif self.url == b"/count":
+                self._write_json(b'{"count": %d}' % len(receiver.arrivals))
             elif self.url == b"/keys":
                 self._write_json(json.dumps(receiver.keys).encode())
             else:
