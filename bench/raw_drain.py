@@ -2,7 +2,8 @@
 
 Claim (``FOR UPDATE SKIP LOCKED`` on the due index), one ``UPDATE … FROM unnest(…)`` that marks the
 rows Sent and appends to the attempt history, one multi-row outbox insert: what the schema costs
-(indexes, triggers, history) without any of the worker's Python.
+(indexes, triggers, history) without any of the worker's Python. It sets ``due_at`` itself (the trigger
+that maintains it would too), so it still drains with the triggers disabled.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ ORDER BY due_at, priority LIMIT %s FOR UPDATE SKIP LOCKED
 """
 _UPDATE = f"""
 UPDATE {TABLE} t SET status = 'sent', attempts = t.attempts + 1, provider_message_id = v.pmid,
-    last_error = '', error_kind = '', claim_token = NULL, claim_expires_at = NULL, updated_at = now(),
+    last_error = '', error_kind = '', claim_token = NULL, claim_expires_at = NULL, due_at = NULL,
+    updated_at = now(),
     attempt_log = t.attempt_log || jsonb_build_array(v.log::jsonb)
 FROM unnest(%s::uuid[], %s::text[], %s::text[]) AS v(id, pmid, log) WHERE t.id = v.id
 """
