@@ -18,12 +18,19 @@ from bench.db import ROOT, add_rows, channel, reset_rows
 from bench.worker_drain import drain_once
 
 
-def profile_drain(rows: int, profiler: str = "cprofile", top: int = 40) -> str:
-    """Profile a ``rows``-row no-op drain; returns the report text."""
+def profile_drain(rows: int, profiler: str = "cprofile", top: int = 40, logging: str = "stdlib") -> str:
+    """Profile a ``rows``-row no-op drain, log events through ``logging`` (``stdlib`` or ``native``,
+    see :func:`bench.settings.configure_logging`); returns the report text."""
+    from bench.settings import configure_logging
+
+    configure_logging(logging)
     reset_rows()
     cid = channel("stub", "stub")
     add_rows([cid], rows)
-    header = f"## Profile of a {rows:,}-row no-op drain (stub provider, one --once tick), {profiler}"
+    header = (
+        f"## Profile of a {rows:,}-row no-op drain (stub provider, one --once tick), {profiler}, "
+        f"{logging} logging"
+    )
     if profiler == "pyinstrument":
         from pyinstrument import Profiler
 
@@ -48,5 +55,6 @@ def profile_drain(rows: int, profiler: str = "cprofile", top: int = 40) -> str:
     # Paths relative to the project and to site-packages: shorter lines, and no machine's layout.
     body = body.replace(ROOT + os.sep, "")
     body = re.sub(r"\S*site-packages/", "", body)
+    body = re.sub(r"\S*/lib/python3\.\d+/", "", body)
     summary = f"sent {sent:,} rows in {elapsed:.1f} s under the profiler ({sent / elapsed:,.0f} rows/s)"
     return "\n".join([header, summary, body])

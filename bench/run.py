@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-rows", type=int, default=30_000)
     parser.add_argument("--profiler", choices=["cprofile", "pyinstrument"], default="cprofile")
     parser.add_argument(
+        "--profile-logging",
+        choices=["stdlib", "native"],
+        default="stdlib",
+        help="Log pipeline of the profiled drain (bench.settings.configure_logging).",
+    )
+    parser.add_argument(
         "--server",
         choices=["private", "url"],
         default="private" if pg_bin() else "url",
@@ -178,7 +184,7 @@ def _measure(args: argparse.Namespace) -> int:
     if args.profile:
         from bench.profile import profile_drain
 
-        print(profile_drain(args.profile_rows, args.profiler))
+        print(profile_drain(args.profile_rows, args.profiler, logging=args.profile_logging))
         return 0
     missed: list[str] = []
     if "ceiling" in parts:
