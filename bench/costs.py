@@ -11,9 +11,11 @@ at most once a second.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -35,6 +37,11 @@ class Cost:
     wal_bytes: int
     commits: int
     wal_range: tuple[str, str] = ("", "")
+    server_cpu_s: float | None = None  # the drain's own backend, when it is tracked and local
+
+    @property
+    def server_cpu_us_per_row(self) -> float | None:
+        return self.server_cpu_s * 1e6 / self.rows if self.server_cpu_s is not None and self.rows else None
 
     @property
     def rows_per_s(self) -> float:
@@ -89,3 +96,36 @@ def measure(label: str, drain: Callable[[], int]) -> Cost:
         ).fetchone()
         assert row is not None
     return Cost(label, rows, seconds, int(row[0]), commits_after - commits_before, (lsn_before, lsn_after))
+
+
+def backend_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a server backend, when the server runs on this machine."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # Fields 14 and 15 of /proc/PID/stat (utime, stime), counted after the command name's ")".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class ServerCpu:
+    """Accumulates the CPU a drain's own connection used on the server: unlike wall time, it does
+    not grow when other processes share the cores."""
+
+    seconds: float = 0.0
+    known: bool = True
+
+    @contextlib.contextmanager
+    def track(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        pid = conn.info.backend_pid
+        before = backend_cpu_seconds(pid)
+        try:
+            yield
+        finally:
+            after = backend_cpu_seconds(pid)
+            if before is None or after is None:
+                self.known = False
+            else:
+                self.seconds += after - before

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from bench.costs import ServerCpu
 from bench.db import connect
 
 BATCH = 200
@@ -86,10 +87,11 @@ def _events(rows: list[tuple[Any, ...]], pmids: list[str]) -> tuple[list[str], l
     return keys, payloads
 
 
-def drain_inline() -> int:
-    """Claim, mark Sent and write the outbox in one transaction per batch; returns rows done."""
+def drain_inline(cpu: ServerCpu | None = None) -> int:
+    """Claim, mark Sent and write the outbox in one transaction per batch; returns rows done.
+    ``cpu`` adds up the server CPU the drain's backend used."""
     done = 0
-    with connect() as conn:
+    with connect() as conn, (cpu or ServerCpu()).track(conn):
         while True:
             with conn.transaction():
                 rows = conn.execute(_CLAIM, (BATCH,)).fetchall()

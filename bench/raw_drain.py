@@ -12,6 +12,7 @@ import json
 import uuid
 from datetime import UTC, datetime
 
+from bench.costs import ServerCpu
 from bench.db import OUTBOX, TABLE, connect
 
 _CLAIM = f"""
@@ -33,10 +34,11 @@ FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::text[]) AS v(event_id, key, g
 """
 
 
-def drain(batch: int = 200) -> int:
-    """Drain every due row, ``batch`` rows a transaction; returns rows done."""
+def drain(batch: int = 200, cpu: ServerCpu | None = None) -> int:
+    """Drain every due row, ``batch`` rows a transaction; returns rows done. ``cpu`` adds up the
+    server CPU the drain's backend used."""
     done = 0
-    with connect() as conn:
+    with connect() as conn, (cpu or ServerCpu()).track(conn):
         while True:
             with conn.transaction():
                 rows = conn.execute(_CLAIM, (batch,)).fetchall()

@@ -28,6 +28,7 @@ def median_cost(costs: Sequence[Cost]) -> Cost:
     """A Cost whose rows/s, WAL and commits are each the median of ``costs`` (same label and rows)."""
     first = costs[0]
     rate = statistics.median(c.rows_per_s for c in costs)
+    cpus = [c.server_cpu_s for c in costs]
     return Cost(
         first.label,
         first.rows,
@@ -35,6 +36,7 @@ def median_cost(costs: Sequence[Cost]) -> Cost:
         int(statistics.median(c.wal_bytes for c in costs)),
         int(statistics.median(c.commits for c in costs)),
         first.wal_range,
+        statistics.median(x for x in cpus if x is not None) if None not in cpus else None,
     )
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from bench import lean, raw_drain
 from bench.cluster import PrivateCluster, pg_bin
-from bench.costs import Cost, measure
+from bench.costs import Cost, ServerCpu, measure
 from bench.db import OUTBOX, TABLE, add_rows, bench_dbname, channel, connect, recreate_database, reset_rows
 from bench.report import fmt_list, median_cost, table
 from bench.wal_breakdown import FULL_PAGE_IMAGES, wal_by_relation
@@ -108,7 +108,9 @@ def measure_variant(variant: Variant, rows: int, cid: int) -> Cost:
             for statement in variant.apply:
                 if statement not in before:
                     conn.execute(statement)
-        cost = measure(variant.label, raw_drain.drain)
+        cpu = ServerCpu()
+        cost = measure(variant.label, lambda: raw_drain.drain(cpu=cpu))
+        cost.server_cpu_s = cpu.seconds if cpu.known else None
     finally:
         with connect(autocommit=True) as conn:
             for statement in variant.undo:
@@ -163,27 +165,47 @@ def _measure(args: argparse.Namespace, cluster: PrivateCluster | None) -> int:
     lean_runs: list[Cost] = []
     for _ in range(args.rounds):
         lean.create(args.rows)
-        lean_runs.append(measure("lean", lean.drain_inline))
+        cpu = ServerCpu()
+        lean_cost = measure("lean", lambda cpu=cpu: lean.drain_inline(cpu))
+        lean_cost.server_cpu_s = cpu.seconds if cpu.known else None
+        lean_runs.append(lean_cost)
         for variant in all_variants:
             runs.setdefault(variant.label, []).append(measure_variant(variant, args.rows, cid))
     base = median_cost(runs["as is"])
-    lean_cost = median_cost(lean_runs)
+    lean_median = median_cost(lean_runs)
     out = []
     for label, costs in [("lean ceiling (reference)", lean_runs), *runs.items()]:
         c = median_cost(costs)
+        cpu_us, base_cpu = c.server_cpu_us_per_row, base.server_cpu_us_per_row
         out.append(
             [
                 label,
+                f"{cpu_us:,.0f}" if cpu_us is not None else "?",
+                f"{cpu_us / base_cpu:.2f}" if cpu_us is not None and base_cpu else "?",
                 f"{c.rows_per_s:,.0f}",
                 f"{c.rows_per_s / base.rows_per_s:.2f}",
                 f"{c.wal_per_row:,.0f}",
                 f"{c.wal_per_row / base.wal_per_row:.2f}",
-                f"{c.wal_per_row / lean_cost.wal_per_row:.2f}x",
+                f"{c.wal_per_row / lean_median.wal_per_row:.2f}x",
                 f"[{fmt_list([x.rows_per_s for x in costs])}]",
             ]
         )
-    header = ["raw SQL drain, own table", "rows/s", "vs as is", "WAL B/row", "vs as is", "vs lean", "rounds"]
+    header = [
+        "raw SQL drain, own table",
+        "server CPU µs/row",
+        "vs as is",
+        "rows/s",
+        "vs as is",
+        "WAL B/row",
+        "vs as is",
+        "vs lean",
+        "rounds (rows/s)",
+    ]
     print(f"\n## The raw drain on the project's table, by schema variant (median of {args.rounds})")
+    print(
+        "Server CPU: the drain's backend's user + system time from /proc (steadier than rows/s on a "
+        "shared machine)."
+    )
     print(table(header, out))
     print("\n## " + "Where the bytes go (one drain each)")
     print(breakdown(cluster, args.rows, cid))
