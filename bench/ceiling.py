@@ -57,7 +57,7 @@ def _lean_inline(rows: int) -> Cost:
 def _own_table(rows: int, cid: int) -> Cost:
     reset_rows()
     add_rows([cid], rows)
-    return measure("raw SQL on the own table, inline", raw_drain.drain)
+    return measure("raw SQL on the own table, inline", lambda: raw_drain.drain(cid))
 
 
 def _worker(label: str, rows: int, cid: int) -> Cost:

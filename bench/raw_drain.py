@@ -1,7 +1,8 @@
 """The raw psycopg drain on the project's own table: the same SQL shape as the lean drain.
 
-Claim (``FOR UPDATE SKIP LOCKED`` on the due index), one ``UPDATE … FROM unnest(…)`` that marks the
-rows Sent and appends to the attempt history, one multi-row outbox insert: what the schema costs
+Claim (``FOR UPDATE SKIP LOCKED`` on the per-channel due index, as the worker's claim does), one
+``UPDATE … FROM unnest(…)`` that marks the rows Sent and appends to the attempt history, one multi-row
+outbox insert: what the schema costs
 (indexes, triggers, history) without any of the worker's Python. It sets ``due_at`` itself (the trigger
 that maintains it would too), so it still drains with the triggers disabled.
 """
@@ -17,7 +18,7 @@ from bench.db import OUTBOX, TABLE, connect
 
 _CLAIM = f"""
 SELECT id, tenant_id, attempts, requeue_count FROM {TABLE}
-WHERE due_at IS NOT NULL AND due_at <= now()
+WHERE channel_id = %s AND due_at IS NOT NULL AND due_at <= now()
 ORDER BY due_at, priority LIMIT %s FOR UPDATE SKIP LOCKED
 """
 _UPDATE = f"""
@@ -34,14 +35,14 @@ FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::text[]) AS v(event_id, key, g
 """
 
 
-def drain(batch: int = 200, cpu: ServerCpu | None = None) -> int:
-    """Drain every due row, ``batch`` rows a transaction; returns rows done. ``cpu`` adds up the
-    server CPU the drain's backend used."""
+def drain(channel: int, batch: int = 200, cpu: ServerCpu | None = None) -> int:
+    """Drain every due row of ``channel``, ``batch`` rows a transaction; returns rows done. ``cpu``
+    adds up the server CPU the drain's backend used."""
     done = 0
     with connect() as conn, (cpu or ServerCpu()).track(conn):
         while True:
             with conn.transaction():
-                rows = conn.execute(_CLAIM, (batch,)).fetchall()
+                rows = conn.execute(_CLAIM, (channel, batch)).fetchall()
                 if not rows:
                     break
                 now = datetime.now(UTC).isoformat()

@@ -8,7 +8,8 @@ migrations are untouched), each on a fresh dataset, interleaved over the rounds:
 * ``triggers off``: every user trigger of the notification and outbox tables disabled;
 * ``no admin-only indexes``: without the indexes only admin pages use (tenant, status + created,
   provider message id);
-* ``also no nr_due_idx``: and without the global due index (the claim uses the per-channel one);
+* ``also no nr_due_idx``: and without the global due index (the claim, like the worker's, is per
+  channel and uses ``nr_channel_due_idx``);
 * ``fillfactor 70``: room on each page for HOT updates;
 * ``outbox trigger off``: the outbox insert without its per-row check against the notification;
 * ``all of the above``.
@@ -109,7 +110,7 @@ def measure_variant(variant: Variant, rows: int, cid: int) -> Cost:
                 if statement not in before:
                     conn.execute(statement)
         cpu = ServerCpu()
-        cost = measure(variant.label, lambda: raw_drain.drain(cpu=cpu))
+        cost = measure(variant.label, lambda: raw_drain.drain(cid, cpu=cpu))
         cost.server_cpu_s = cpu.seconds if cpu.known else None
     finally:
         with connect(autocommit=True) as conn:
@@ -131,7 +132,7 @@ def breakdown(cluster: PrivateCluster | None, rows: int, cid: int) -> str:
 
     drains: list[tuple[str, Callable[[], None], Callable[[], int]]] = [
         ("lean", lambda: lean.create(rows), lean.drain_inline),
-        ("own table, raw SQL", seed, raw_drain.drain),
+        ("own table, raw SQL", seed, lambda: raw_drain.drain(cid)),
         ("worker (stub)", seed, lambda: drain_once(rows)),
     ]
     per_drain: dict[str, dict[str, float]] = {}
