@@ -7,6 +7,7 @@ stdlib ``logging`` module, or written by structlog itself (:func:`configure_logg
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -52,6 +53,17 @@ NOTIFICATIONS_RETRY: dict[str, object] = {
 }
 # Worker subprocesses of the crash benchmark get a few settings more (a short lease grace) as JSON.
 NOTIFICATIONS_RETRY.update(json.loads(os.environ.get("NR_BENCH_SETTINGS_JSON") or "{}"))
+
+
+def _known_keys_only(values: dict[str, object]) -> dict[str, object]:
+    """The app refuses unknown keys; the benchmark must keep running while settings come and go."""
+    from notifications_retry.conf import RetrySettings
+
+    known = {f.name for f in dataclasses.fields(RetrySettings)}
+    return {key: value for key, value in values.items() if key in known}
+
+
+NOTIFICATIONS_RETRY = _known_keys_only(NOTIFICATIONS_RETRY)
 
 _shared = [
     structlog.contextvars.merge_contextvars,
