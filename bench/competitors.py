@@ -20,7 +20,7 @@ Drain = Callable[[], int]
 
 def post_office_installed() -> bool:
     try:
-        import post_office  # noqa: F401
+        import post_office  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
         return False
     return True
@@ -50,7 +50,7 @@ def prepare_procrastinate(jobs: int, concurrency: int) -> Drain | None:
         if not exists:
             app.schema_manager.apply_schema()
         for lo in range(0, jobs, 1000):
-            noop.batch_defer(*({"i": i} for i in range(lo, min(jobs, lo + 1000))))
+            noop.batch_defer(*[{"i": i} for i in range(lo, min(jobs, lo + 1000))])  # type: ignore[arg-type]
 
     def drain() -> int:
         app.run_worker(queues=["bench"], concurrency=concurrency, wait=False, install_signal_handlers=False)
@@ -73,8 +73,8 @@ def prepare_post_office(mails: int) -> Drain | None:
     import logging
 
     from django.db import connections
-    from post_office.mail import send_queued_mail_until_done
-    from post_office.models import STATUS, Email
+    from post_office.mail import send_queued_mail_until_done  # type: ignore[import-untyped]
+    from post_office.models import STATUS, Email  # type: ignore[import-untyped]
 
     Email.objects.all().delete()
     Email.objects.bulk_create(
@@ -99,7 +99,7 @@ def prepare_post_office(mails: int) -> Drain | None:
 
     def drain() -> int:
         send_queued_mail_until_done(lockfile=lockfile, processes=1)
-        sent = Email.objects.filter(status=STATUS.sent).count()
+        sent = int(Email.objects.filter(status=STATUS.sent).count())
         connections.close_all()
         if sent != mails:
             raise RuntimeError(f"post_office sent {sent} of {mails} mails")

@@ -126,7 +126,11 @@ def kill_run(sink: Sink, cid: int, rows: int, kills: int, rng: random.Random, ti
             total += rows
         before = sink.count()
         worker = LoopingWorker()
-        if not wait_for(lambda before=before: sink.count() > before, timeout):
+
+        def sent_more(before: int = before) -> bool:
+            return sink.count() > before
+
+        if not wait_for(sent_more, timeout):
             worker.kill()
             tail = worker.output_tail()
             raise RuntimeError(f"a restarted worker sent nothing within {timeout:g} s:\n{tail}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -167,7 +168,7 @@ def _measure(args: argparse.Namespace, cluster: PrivateCluster | None) -> int:
     for _ in range(args.rounds):
         lean.create(args.rows)
         cpu = ServerCpu()
-        lean_cost = measure("lean", lambda cpu=cpu: lean.drain_inline(cpu))
+        lean_cost = measure("lean", functools.partial(lean.drain_inline, cpu))
         lean_cost.server_cpu_s = cpu.seconds if cpu.known else None
         lean_runs.append(lean_cost)
         for variant in all_variants:

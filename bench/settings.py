@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+from typing import Any
 
 import dj_database_url
 import structlog
@@ -65,7 +66,7 @@ def _known_keys_only(values: dict[str, object]) -> dict[str, object]:
 
 NOTIFICATIONS_RETRY = _known_keys_only(NOTIFICATIONS_RETRY)
 
-_shared = [
+_shared: list[Any] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
