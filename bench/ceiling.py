@@ -175,6 +175,13 @@ def report(result: CeilingResult, options: CeilingOptions) -> tuple[str, list[st
             "worker / own-table raw SQL, rows/s", worker_in.rows_per_s / own.rows_per_s, "", None, True
         ),
     ]
+    lean_cpu, worker_cpu = lean_in.cpu_us_per_row, worker_in.cpu_us_per_row
+    if lean_cpu and worker_cpu:
+        # What the rows/s share would be if both drains were CPU-bound: steady on a shared machine.
+        ratios.insert(
+            1,
+            ratio_row("lean / worker, CPU per notification (inline)", lean_cpu / worker_cpu, "", None, True),
+        )
     for other in result.others:
         name = other.label.split(" ")[0]
         ratio = worker_in.rows_per_s / other.rows_per_s

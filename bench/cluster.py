@@ -80,6 +80,26 @@ class PrivateCluster:
             text=True,
         )
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the whole cluster has used: the postmaster, its live processes, and (through the
+        postmaster's children counters) every backend that has exited."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        total = 0.0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended while listing; its time is in the postmaster's children counters
+            pid, ppid = int(entry), int(fields[1])
+            if pid == postmaster:
+                total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+            elif ppid == postmaster:
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self._run(
             str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False
@@ -91,9 +111,19 @@ def run_on_server(server: str, measure: Callable[[], int]) -> int:
     """Run ``measure`` on a private cluster (``private``) or on the server of DATABASE_URL (``url``)."""
     if server == "url":
         return measure()
-    cluster = PrivateCluster().start()
+    global _active
+    cluster = _active = PrivateCluster().start()
     os.environ["DATABASE_URL"] = cluster.url
     try:
         return measure()
     finally:
+        _active = None
         cluster.stop()
+
+
+_active: PrivateCluster | None = None
+
+
+def active_cluster() -> PrivateCluster | None:
+    """The private cluster the benchmark runs on now, if any (its CPU is the benchmark's alone)."""
+    return _active

@@ -38,6 +38,15 @@ class Cost:
     commits: int
     wal_range: tuple[str, str] = ("", "")
     server_cpu_s: float | None = None  # the drain's own backend, when it is tracked and local
+    client_cpu_s: float | None = None  # this process, all threads
+    cluster_cpu_s: float | None = None  # every process of the private cluster, when there is one
+
+    @property
+    def cpu_us_per_row(self) -> float | None:
+        """Client + cluster CPU per row: unlike rows/s, it does not grow when others share the cores."""
+        if self.client_cpu_s is None or self.cluster_cpu_s is None or not self.rows:
+            return None
+        return (self.client_cpu_s + self.cluster_cpu_s) * 1e6 / self.rows
 
     @property
     def server_cpu_us_per_row(self) -> float | None:
@@ -82,20 +91,38 @@ def _settled_commits(conn: psycopg.Connection[Any]) -> tuple[str, int]:
 
 def measure(label: str, drain: Callable[[], int]) -> Cost:
     """Run ``drain`` (returns rows delivered; closes its connections) and read what it cost."""
+    from bench.cluster import active_cluster
+
+    cluster = active_cluster()
     with _monitor() as conn:
         conn.execute("CHECKPOINT")
         _, commits_before = _settled_commits(conn)
         lsn_before, _ = _reading(conn)
+        cluster_before = cluster.cpu_seconds() if cluster else None
+        client_before = time.process_time()
         started = time.perf_counter()
         rows = drain()
         seconds = time.perf_counter() - started
+        client_cpu = time.process_time() - client_before
+        cluster_cpu = (
+            cluster.cpu_seconds() - cluster_before if cluster and cluster_before is not None else None
+        )
         lsn_after, _ = _reading(conn)
         _, commits_after = _settled_commits(conn)
         row = conn.execute(
             "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (lsn_after, lsn_before)
         ).fetchone()
         assert row is not None
-    return Cost(label, rows, seconds, int(row[0]), commits_after - commits_before, (lsn_before, lsn_after))
+    return Cost(
+        label,
+        rows,
+        seconds,
+        int(row[0]),
+        commits_after - commits_before,
+        (lsn_before, lsn_after),
+        client_cpu_s=client_cpu,
+        cluster_cpu_s=cluster_cpu,
+    )
 
 
 def backend_cpu_seconds(pid: int) -> float | None:

@@ -28,7 +28,11 @@ def median_cost(costs: Sequence[Cost]) -> Cost:
     """A Cost whose rows/s, WAL and commits are each the median of ``costs`` (same label and rows)."""
     first = costs[0]
     rate = statistics.median(c.rows_per_s for c in costs)
-    cpus = [c.server_cpu_s for c in costs]
+
+    def median_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if len(known) == len(values) else None
+
     return Cost(
         first.label,
         first.rows,
@@ -36,7 +40,9 @@ def median_cost(costs: Sequence[Cost]) -> Cost:
         int(statistics.median(c.wal_bytes for c in costs)),
         int(statistics.median(c.commits for c in costs)),
         first.wal_range,
-        statistics.median(x for x in cpus if x is not None) if None not in cpus else None,
+        median_of([c.server_cpu_s for c in costs]),
+        median_of([c.client_cpu_s for c in costs]),
+        median_of([c.cluster_cpu_s for c in costs]),
     )
 
 
@@ -45,10 +51,27 @@ def cost_row(cost: Cost, rates: Sequence[float] = ()) -> list[str]:
         cost.label,
         f"{cost.rows:,}",
         f"{cost.rows_per_s:,.0f}",
+        _cpu_cell(cost),
         f"{cost.wal_per_row:,.0f}",
         f"{cost.commits_per_row:.3f}",
         f"[{fmt_list(rates)}]" if len(rates) > 1 else "",
     ]
 
 
-COST_HEADER = ["drain", "rows", "rows/s", "WAL B/row", "commits/row", "rounds (rows/s)"]
+def _cpu_cell(cost: Cost) -> str:
+    total = cost.cpu_us_per_row
+    if total is None or cost.client_cpu_s is None or cost.cluster_cpu_s is None:
+        return "?"
+    client = cost.client_cpu_s * 1e6 / cost.rows
+    return f"{total:,.0f} ({client:,.0f} + {total - client:,.0f})"
+
+
+COST_HEADER = [
+    "drain",
+    "rows",
+    "rows/s",
+    "CPU µs/row (client + server)",
+    "WAL B/row",
+    "commits/row",
+    "rounds (rows/s)",
+]
