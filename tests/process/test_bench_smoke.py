@@ -85,7 +85,7 @@ def test_ceiling_table_has_ratios_first_then_each_drain(bench_database: str) -> 
     rows = table_rows(out, drains)
     assert set(rows) == set(drains), out
     for cells in rows.values():
-        rate, wal, commits = cells[2:5]
+        rate, _cpu, wal, commits = cells[2:6]
         assert float(rate.replace(",", "")) > 0 and float(wal.replace(",", "")) > 0, cells
         assert float(commits) > 0, cells
     assert out.index("worker / lean") < out.index("lean, inline"), "ratios come first"
