@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-relay soak clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-relay crash-bench schema-costs faults soak clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,12 +37,24 @@ soak: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process --soak -m "process" $(PYTEST_ARGS)
 
-# Throughput figures and their ratios, measured in one run on a dedicated database (nr_bench) of the
-# local server; BENCH_ARGS="--scale --memory" adds the 5 M-row claim and the 1 M-row RSS parts (slow).
+# Throughput, WAL bytes and commits per notification against the lean ceiling, measured in one run on a
+# throwaway PostgreSQL cluster (--server url: the local server instead); BENCH_ARGS="--scale --memory"
+# adds the 5 M-row claim and the 1 M-row RSS parts (slow); BENCH_ARGS=--profile profiles a no-op drain.
 bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	$(VENV)/bin/pip install -q -e '.[bench]'
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.run $(BENCH_ARGS)
+
+# SIGKILL a looping worker 20 times during a webhook drain (database nr_crash_bench of the local server):
+# rows lost, duplicate sends per kill, recovery rate of expired leases.
+crash-bench: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.crash $(BENCH_ARGS)
+
+# What the schema costs the raw drain (WAL bytes, rows/s): triggers, admin-only indexes, fillfactor.
+schema-costs: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.schema_costs $(BENCH_ARGS)
 
 # The outbox side in one run (database nr_bench_relay): the outbox trigger's cost, relay events/s.
 bench-relay: $(VENV)/.installed

@@ -18,18 +18,10 @@ import time
 
 os.environ.setdefault("NR_BENCH_DATABASE_NAME", "nr_bench_relay")
 
-# The database name is chosen above, before bench.run reads it.
-from bench.run import (
-    OUTBOX,
-    Sink,
-    _conninfo,
-    add_rows,
-    bench_dbname,
-    channel,
-    recreate_database,
-    reset_rows,
-    worker_drain,
-)
+# The database name is chosen above, before bench.db reads it.
+from bench.db import OUTBOX, add_rows, bench_dbname, channel, conninfo, recreate_database, reset_rows
+from bench.receiver import Sink
+from bench.worker_drain import drain_once
 
 TRIGGER_LIKE = "pgtrigger_nr_outbox_matches_outcome_%"
 
@@ -37,7 +29,7 @@ TRIGGER_LIKE = "pgtrigger_nr_outbox_matches_outcome_%"
 def _set_trigger(enabled: bool) -> None:
     import psycopg
 
-    with psycopg.connect(_conninfo(bench_dbname()), autocommit=True) as conn:
+    with psycopg.connect(conninfo(bench_dbname()), autocommit=True) as conn:
         row = conn.execute("SELECT tgname FROM pg_trigger WHERE tgname LIKE %s", (TRIGGER_LIKE,)).fetchone()
         assert row is not None, "the outbox trigger is not installed"
         (name,) = row
@@ -46,16 +38,16 @@ def _set_trigger(enabled: bool) -> None:
 
 def drain_rate(rows: int, *, trigger: bool) -> float:
     reset_rows()
-    cid = channel("in_app")
+    cid = channel("in_app", "in_app")
     add_rows([cid], rows)
     _set_trigger(trigger)
     try:
         started = time.perf_counter()
-        stats = worker_drain(rows)
+        sent = drain_once(rows)
         elapsed = time.perf_counter() - started
     finally:
         _set_trigger(True)
-    assert stats["sent"] == rows, stats
+    assert sent == rows, sent
     return rows / elapsed
 
 
@@ -68,9 +60,9 @@ def relay_rate(rows: int, publisher: str, url: str | None) -> float:
     from notifications_retry.outbox.relay import Relay
 
     reset_rows()
-    cid = channel("in_app")
+    cid = channel("in_app", "in_app")
     add_rows([cid], rows)
-    worker_drain(rows)  # the events to relay, written the real way
+    drain_once(rows)  # the events to relay, written the real way
     connection.close()
     options = {"url": url} if url else {}
     relay = Relay(get_publisher(publisher, options), batch_size=100, interval=0.01, clock=SystemClock())

@@ -7,8 +7,12 @@ stdlib ``logging`` module, or written by structlog itself (:func:`configure_logg
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import logging
 import os
+from typing import Any
 
 import dj_database_url
 import structlog
@@ -32,14 +36,37 @@ INSTALLED_APPS = [
     "pgtrigger",
     "notifications_retry",
 ]
+if importlib.util.find_spec("post_office") is not None:
+    # django-post_office (the ``bench`` extra) is measured beside the worker; its mails go nowhere.
+    INSTALLED_APPS.append("post_office")
+    EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+    POST_OFFICE = {
+        "BACKENDS": {"default": "django.core.mail.backends.dummy.EmailBackend"},
+        "BATCH_SIZE": 200,
+        "LOG_LEVEL": 0,
+        "MESSAGE_ID_ENABLED": False,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 NOTIFICATIONS_RETRY: dict[str, object] = {
     "CLOCK": "system",
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
     "WORKER_THREADS": 64,
 }
+# Worker subprocesses of the crash benchmark get a few settings more (a short lease grace) as JSON.
+NOTIFICATIONS_RETRY.update(json.loads(os.environ.get("NR_BENCH_SETTINGS_JSON") or "{}"))
 
-_shared = [
+
+def _known_keys_only(values: dict[str, object]) -> dict[str, object]:
+    """The app refuses unknown keys; the benchmark must keep running while settings come and go."""
+    from notifications_retry.conf import RetrySettings
+
+    known = {f.name for f in dataclasses.fields(RetrySettings)}
+    return {key: value for key, value in values.items() if key in known}
+
+
+NOTIFICATIONS_RETRY = _known_keys_only(NOTIFICATIONS_RETRY)
+
+_shared: list[Any] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,

@@ -5,7 +5,8 @@ does not share the worker's GIL. Event-loop timers fire late (epoll counts in mi
 machine is busy with the worker and PostgreSQL): the receiver measures how late its answers went
 out and aims that much earlier, so the delay it promises is the delay it gives on average.
 ``GET /stats`` returns the arrival time (``time.time()``) of every POST since the last
-``GET /reset``, and the mean and 99th percentile of the time from arrival to answer.
+``GET /reset``, and the mean and 99th percentile of the time from arrival to answer; ``GET /keys``
+returns how many POSTs arrived with each ``Idempotency-Key`` (the crash benchmark counts duplicates).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ class _Receiver:
         self.arrivals: list[float] = []
         self.answer_times: list[float] = []
         self.lateness = 0.0  # moving average of how late a timer fires
+        self.keys: dict[str, int] = {}
 
     def reset(self) -> None:
-        self.arrivals, self.answer_times = [], []
+        self.arrivals, self.answer_times, self.keys = [], [], {}
 
     def stats(self) -> bytes:
         times = sorted(self.answer_times)
@@ -48,6 +50,8 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
+        self.header_name = b""
+        self.idempotency_key = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -62,12 +66,21 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url = url
+        self.idempotency_key = ""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"idempotency-key":
+            self.idempotency_key = value.decode("latin-1")
 
     def on_message_complete(self) -> None:
         receiver = self.receiver
         if self.parser.get_method() != b"POST":
             if self.url == b"/stats":
                 self._write_json(receiver.stats())
+            elif self.url == b"/count":
+                self._write_json(b'{"count": %d}' % len(receiver.arrivals))
+            elif self.url == b"/keys":
+                self._write_json(json.dumps(receiver.keys).encode())
             else:
                 receiver.reset()
                 self._write_json(b"{}")
@@ -75,6 +88,8 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         arrived, arrived_loop = time.time(), loop.time()
         receiver.arrivals.append(arrived)
+        if self.idempotency_key:
+            receiver.keys[self.idempotency_key] = receiver.keys.get(self.idempotency_key, 0) + 1
         due = arrived_loop + receiver.delay
         loop.call_at(due - receiver.lateness, self._answer, due, arrived_loop)
 

@@ -1,0 +1,117 @@
+"""The benchmark commands still run: tiny sizes, and the shape of what they print (no figures asserted)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.support.processes import REPO_ROOT
+
+pytestmark = pytest.mark.process
+
+SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def bench_database() -> Iterator[str]:
+    """A benchmark database name of this run, dropped afterwards."""
+    name = f"nr_bench_smoke_{os.getpid()}"
+    yield name
+    with psycopg.connect(SERVER_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run_bench(module: str, database: str, *args: str, timeout: float = 240) -> str:
+    env = {**os.environ, "DATABASE_URL": SERVER_URL, "NR_BENCH_DATABASE_NAME": database}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args, "--server", "url"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    # Exit 1 is a missed target (figures on a busy machine); anything else is a broken benchmark.
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def table_rows(text: str, first_cells: list[str]) -> dict[str, list[str]]:
+    """The cells (split on runs of 2+ spaces) of the lines starting with each of ``first_cells``."""
+    found = {}
+    for line in text.splitlines():
+        for cell in first_cells:
+            if line.startswith(cell):
+                found[cell] = re.split(r"\s{2,}", line.strip())
+    return found
+
+
+def test_ceiling_table_has_ratios_first_then_each_drain(bench_database: str) -> None:
+    out = run_bench(
+        "bench.run",
+        bench_database,
+        "--only",
+        "ceiling",
+        "--rows",
+        "400",
+        "--rounds",
+        "1",
+        "--leased-rows",
+        "200",
+        "--competitor-jobs",
+        "50",
+    )
+    assert "## Against the lean ceiling" in out
+    ratios = table_rows(
+        out, ["worker / lean, rows/s (inline)", "worker / lean, WAL per notification (leased)"]
+    )
+    assert len(ratios) == 2, out
+    assert re.fullmatch(r"\d+\.\d\d", ratios["worker / lean, rows/s (inline)"][1]), ratios
+    drains = [
+        "lean, inline",
+        "raw SQL on the own table, inline",
+        "worker (stub), inline",
+        "lean, leased",
+        "worker (webhook",
+    ]
+    rows = table_rows(out, drains)
+    assert set(rows) == set(drains), out
+    for cells in rows.values():
+        rate, _cpu, wal, commits = cells[2:6]
+        assert float(rate.replace(",", "")) > 0 and float(wal.replace(",", "")) > 0, cells
+        assert float(commits) > 0, cells
+    assert out.index("worker / lean") < out.index("lean, inline"), "ratios come first"
+    assert "Targets missed:" in out
+
+
+def test_profile_prints_the_top_functions(bench_database: str) -> None:
+    out = run_bench("bench.run", bench_database, "--profile", "--profile-rows", "300")
+    assert "## Profile of a 300-row no-op drain" in out
+    assert "cumulative" in out and "retry_worker" in out
+
+
+def test_schema_costs_prints_every_variant(bench_database: str) -> None:
+    out = run_bench("bench.schema_costs", bench_database, "--rows", "300", "--rounds", "1")
+    variants = ["as is", "triggers off", "no admin-only indexes", "fillfactor 70", "outbox trigger off"]
+    assert set(table_rows(out, variants)) == set(variants), out
+
+
+def test_crash_bench_reports_lost_duplicates_and_recovery(bench_database: str) -> None:
+    out = run_bench(
+        "bench.crash", bench_database, "--rows", "200", "--kills", "2", "--concurrency", "4", timeout=280
+    )
+    line = table_rows(out, ["4 "])
+    assert line, out
+    cells = line["4 "]
+    assert cells[2] == "0", f"rows lost: {out}"
+    outbox, sent = (int(x.replace(",", "")) for x in cells[3].split(" / "))
+    assert outbox == sent >= 200, out
+    assert "Targets missed:" in out
