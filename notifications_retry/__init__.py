@@ -21,8 +21,11 @@ if TYPE_CHECKING:
         discard_dead_letters,
         notification_created,
         queue_stats,
+        record_dispatch_failure,
+        record_dispatch_sent,
         requeue_dead_letters,
         schedule_notification,
+        send_now,
     )
     from .exceptions import (
         ChannelConfigurationError,
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
         ProviderThrottled,
         RetryableProviderError,
     )
+    from .validation import InvalidNotification
 
 _EXPORTS: dict[str, str] = {
     "CANCELLED": "api",
@@ -45,6 +49,10 @@ _EXPORTS: dict[str, str] = {
     "queue_stats": "api",
     "requeue_dead_letters": "api",
     "schedule_notification": "api",
+    "record_dispatch_sent": "api",
+    "record_dispatch_failure": "api",
+    "send_now": "api",
+    "InvalidNotification": "validation",
     "ChannelConfigurationError": "exceptions",
     "InvalidTransition": "exceptions",
     "NotificationsRetryError": "exceptions",
@@ -57,6 +65,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "CANCELLED",
     "ChannelConfigurationError",
+    "InvalidNotification",
     "InvalidTransition",
     "NotificationsRetryError",
     "PermanentProviderError",
@@ -71,8 +80,11 @@ __all__ = [
     "discard_dead_letters",
     "notification_created",
     "queue_stats",
+    "record_dispatch_failure",
+    "record_dispatch_sent",
     "requeue_dead_letters",
     "schedule_notification",
+    "send_now",
 ]
 
 

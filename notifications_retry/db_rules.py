@@ -49,31 +49,44 @@ REQUEUE_AUDITED_SQL = """
 
 # An event exists only for an outcome the notification row holds now: Sent, or terminal Failed
 # (dead-lettered), of the current generation; and it starts unpublished so the relay sees it.
+# One check per INSERT statement over its transition table (a join of the new events to their
+# notifications), not a lookup per row: the worker inserts its events a batch at a time.
 OUTBOX_MATCHES_OUTCOME_SQL = """
-        IF NEW.published_at IS NOT NULL THEN
-            RAISE EXCEPTION 'outbox event % must be inserted unpublished', NEW.event_id
+        SELECT o.event_id, o.key, o.generation, o.published_at, o.payload->>'status' AS event_status,
+               o.payload->>'notification_id' AS notification_id, n.id IS NOT NULL AS found,
+               n.status AS n_status, n.dead_lettered_at IS NOT NULL AS dead, n.requeue_count AS n_generation
+        INTO bad
+        FROM new_events o
+        LEFT JOIN notifications_retry_notificationentity n
+          ON o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+         AND n.id = (CASE WHEN o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                          THEN o.key END)::uuid
+        WHERE o.published_at IS NOT NULL
+           OR (o.topic = 'pin.notifications.dispatched.v1' AND (
+                o.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                OR o.payload->>'notification_id' IS DISTINCT FROM o.key
+                OR n.id IS NULL OR n.requeue_count <> o.generation
+                OR NOT ((n.status = 'sent' AND o.payload->>'status' = 'Sent')
+                        OR (n.status = 'failed' AND n.dead_lettered_at IS NOT NULL
+                            AND o.payload->>'status' = 'Failed'))))
+        LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF bad.published_at IS NOT NULL THEN
+            RAISE EXCEPTION 'outbox event % must be inserted unpublished', bad.event_id
                 USING ERRCODE = 'check_violation';
         END IF;
-        IF NEW.topic <> 'pin.notifications.dispatched.v1' THEN
-            RETURN NEW;
-        END IF;
-        IF NEW.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-           OR NEW.payload->>'notification_id' IS DISTINCT FROM NEW.key THEN
+        IF bad.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+           OR bad.notification_id IS DISTINCT FROM bad.key THEN
             RAISE EXCEPTION 'outbox event %: key % must be the NotificationId of its payload',
-                NEW.event_id, NEW.key USING ERRCODE = 'check_violation';
+                bad.event_id, bad.key USING ERRCODE = 'check_violation';
         END IF;
-        SELECT n.status, n.dead_lettered_at, n.requeue_count INTO n_status, n_dead, n_generation
-        FROM notifications_retry_notificationentity n WHERE n.id = NEW.key::uuid;
-        IF NOT FOUND OR n_generation <> NEW.generation OR NOT (
-            (n_status = 'sent' AND NEW.payload->>'status' = 'Sent')
-            OR (n_status = 'failed' AND n_dead IS NOT NULL AND NEW.payload->>'status' = 'Failed')
-        ) THEN
-            RAISE EXCEPTION 'dispatched events only on Sent and terminal Failed: event % (% gen %) %',
-                NEW.event_id, NEW.payload->>'status', NEW.generation,
-                format('does not match notification %s (%s, dead letter %s, gen %s)', NEW.key, n_status,
-                       n_dead IS NOT NULL, n_generation) USING ERRCODE = 'check_violation';
-        END IF;
-        RETURN NEW;
+        RAISE EXCEPTION 'dispatched events only on Sent and terminal Failed: event % (% gen %) %',
+            bad.event_id, bad.event_status, bad.generation,
+            format('does not match notification %s (%s, dead letter %s, gen %s)', bad.key,
+                   CASE WHEN bad.found THEN bad.n_status END, bad.dead, bad.n_generation)
+            USING ERRCODE = 'check_violation';
 """
 
 
@@ -183,9 +196,11 @@ def outbox_triggers() -> list[pgtrigger.Trigger]:
     return [
         pgtrigger.Trigger(
             name="nr_outbox_matches_outcome",
-            when=pgtrigger.Before,
+            level=pgtrigger.Statement,
+            when=pgtrigger.After,
             operation=pgtrigger.Insert,
-            declare=[("n_status", "text"), ("n_dead", "timestamptz"), ("n_generation", "integer")],
+            referencing=pgtrigger.Referencing(new="new_events"),  # type: ignore[no-untyped-call]
+            declare=[("bad", "record")],
             func=OUTBOX_MATCHES_OUTCOME_SQL,
         ),
         pgtrigger.Trigger(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -20,3 +21,16 @@ def webhook_server() -> Iterator[ScriptedServer]:
     server = ScriptedServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_forgotten_connections(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Before the test database is dropped: collect workers a test ticked without closing.
+
+    A ``Worker`` holds its advisory lock on a connection of its own; tests that call ``tick()`` and
+    drop the worker leave it to the garbage collector, which the database teardown must not outrun.
+    """
+    if any(item.get_closest_marker("django_db") for item in request.session.items):
+        request.getfixturevalue("django_db_setup")
+    yield
+    gc.collect()

@@ -99,6 +99,17 @@ BUILTIN_ERROR_KINDS = (
     "provider_crash",
     "invalid_recipient",
     "cancelled",
+    "dispatch_failed",
+    "invalid_payload",
+    "backend_config",
+    "backend_error",
+    "dns",
+    "not_sent",
+    "recipients_refused",
+    "smtp_4xx",
+    "smtp_5xx",
+    "smtp_config",
+    "smtp_protocol",
 )
 
 

@@ -56,7 +56,7 @@ def test_prometheus_fires_provider_down_and_terminal_spike_for_a_real_worker(
         pytest.fail("prometheus is missing: run `bash scripts/ensure-prometheus` (make test does)")
     seed_due(ChannelFactory(key="email", provider_key="stub", options={"fail": "permanent"}), 30)
     hook = webhook_channel(
-        hanging_server.url, key="hook", timeout_seconds=1.5, max_attempts=1000, max_concurrency=2
+        hanging_server.url, key="hook", timeout_seconds=1.5, max_attempts=100, max_concurrency=2
     )
     seed_due(hook, 20)
     port = free_port()

@@ -121,7 +121,9 @@ class Command(BaseCommand):
                 interval=options["interval"],
                 lane=options["lane"],
             )
-        except (ValueError, LockNotDirect) as exc:
+        except LockNotDirect as exc:
+            raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
+        except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         # A loop that was stopped exits 0 whatever its last tick did; --once reports its one tick.
         if options["once"] and ticks and ticks[-1].error:
