@@ -14,6 +14,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
 SETTINGS_NAME = "NOTIFICATIONS_RETRY"
+#: The largest RETRY_AFTER_MAX_SECONDS accepted: 30 days (a next attempt further out is a dead letter's job).
+RETRY_AFTER_MAX_SECONDS_LIMIT = 30 * 24 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,7 @@ class RetrySettings:
     OUTBOX_RETENTION_DAYS: int = 7
     PROVIDERS: Mapping[str, str] = dataclasses.field(default_factory=dict)
     WEBHOOK_ALLOWED_HOSTS: tuple[str, ...] = ()
+    RETRY_AFTER_MAX_SECONDS: float = 3600.0
     BULK_ACTION_CAP: int = 1000
     METRICS_PORT: int | None = None
     HEARTBEAT_MAX_AGE_SECONDS: float = 180.0
@@ -139,6 +142,15 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
     if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):
         problems.append("WEBHOOK_ALLOWED_HOSTS must be a list of host names")
+    if (
+        not isinstance(conf.RETRY_AFTER_MAX_SECONDS, int | float)
+        or isinstance(conf.RETRY_AFTER_MAX_SECONDS, bool)
+        or not 0 < conf.RETRY_AFTER_MAX_SECONDS <= RETRY_AFTER_MAX_SECONDS_LIMIT
+    ):
+        problems.append(
+            f"RETRY_AFTER_MAX_SECONDS must be a number in (0, {RETRY_AFTER_MAX_SECONDS_LIMIT}], "
+            f"got {conf.RETRY_AFTER_MAX_SECONDS!r}"
+        )
     if conf.METRICS_PORT is not None and (
         not isinstance(conf.METRICS_PORT, int)
         or isinstance(conf.METRICS_PORT, bool)

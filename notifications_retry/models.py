@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from .exceptions import ChannelConfigurationError
 from .providers.base import ChannelSettings
+from .url_policy import resolution_problems
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 CONTRACT_VERSION = 1
@@ -112,7 +113,9 @@ class ChannelConfig(models.Model):
             and (self.backoff_cap_seconds < self.backoff_base_seconds)
         ):
             errors.setdefault("backoff_cap_seconds", []).append("The cap must be at least the base delay.")
-        problems = self.configuration_problems()
+        problems = self.configuration_problems()  # a webhook's URL policy is among its options' problems
+        if not problems and self.provider_key == "webhook" and isinstance(self.options, dict):
+            problems = resolution_problems(self.options.get("url"))  # a name that resolves inside
         if problems:
             field = "provider_key" if "provider key" in problems[0] else "options"
             errors.setdefault(field, []).extend(problems)

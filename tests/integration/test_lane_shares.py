@@ -129,7 +129,7 @@ def test_announce_says_whether_the_lane_is_joining_and_expires_on_database_time(
 def test_a_lane_alone_keeps_the_whole_limits_and_leaves_the_board_after_its_tick(
     clock, webhook_server, settings
 ):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     due(orders_channel(webhook_server.url), 40, now=clock.now(), priority=Priority.HIGH)
     worker = Worker(clock=clock, rng=random.Random(1), lane="urgent")
     try:
@@ -146,7 +146,7 @@ def test_a_lane_alone_keeps_the_whole_limits_and_leaves_the_board_after_its_tick
 
 @pytest.mark.django_db(transaction=True)
 def test_a_joining_lane_holds_back_until_the_sending_lane_settles_then_takes_half(clock, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     delay = 0.2
     server = ScriptedServer(lambda request: Reply(200, {"id": "ok"}, delay=delay)).start()
     settled: list[float] = []
@@ -177,7 +177,7 @@ def test_a_joining_lane_holds_back_until_the_sending_lane_settles_then_takes_hal
 
 @pytest.mark.django_db
 def test_a_lane_idle_between_ticks_is_counted_but_not_waited_for(clock, webhook_server, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     due(orders_channel(webhook_server.url), 10, now=clock.now(), priority=Priority.HIGH)
     lane_shares.announce("default", OTHER, 30, idle=True)  # reads the board before it sends again
     worker = Worker(clock=clock, rng=random.Random(1), lane="urgent")
@@ -195,7 +195,7 @@ def test_a_lane_idle_between_ticks_is_counted_but_not_waited_for(clock, webhook_
 
 @pytest.mark.django_db
 def test_a_joining_lane_with_nothing_due_on_its_held_channels_ends_its_tick(clock, webhook_server, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     orders_channel(webhook_server.url)
     lane_shares.announce("default", OTHER, 30)  # sending, never settles
     worker = Worker(clock=clock, rng=random.Random(1), lane="urgent")
@@ -209,7 +209,7 @@ def test_a_joining_lane_with_nothing_due_on_its_held_channels_ends_its_tick(cloc
 
 @pytest.mark.django_db
 def test_lanes_on_disjoint_channels_do_not_share(clock, webhook_server, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     channel = ChannelFactory(
         key="bulk-mail",
         provider_key="webhook",
@@ -235,7 +235,7 @@ def test_lanes_on_disjoint_channels_do_not_share(clock, webhook_server, settings
 
 @pytest.mark.django_db
 def test_more_lanes_than_calls_allowed_is_logged_as_over_the_limit(clock, webhook_server, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     due(orders_channel(webhook_server.url, max_concurrency=1, rate_limit_per_second=None), 2, now=clock.now())
     lane_shares.announce("urgent", OTHER, 30, idle=True)
     stats, logs = tick(Worker(clock=clock, rng=random.Random(1)))
@@ -246,7 +246,7 @@ def test_more_lanes_than_calls_allowed_is_logged_as_over_the_limit(clock, webhoo
 
 @pytest.mark.django_db(transaction=True)
 def test_a_ticking_lane_scales_down_and_settles_when_another_joins(clock, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     server = ScriptedServer(lambda request: Reply(200, {"id": "ok"})).start()
     joined: list[float] = []
     seen: list[float] = []
@@ -273,7 +273,7 @@ def test_a_ticking_lane_scales_down_and_settles_when_another_joins(clock, settin
 
 @pytest.mark.django_db(transaction=True)
 def test_an_owner_does_not_settle_while_its_calls_in_flight_exceed_its_new_part(clock, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     delay = 1.5
     server = ScriptedServer(lambda request: Reply(200, {"id": "ok"}, delay=delay)).start()
     seen: list[float] = []
@@ -300,7 +300,7 @@ def test_an_owner_does_not_settle_while_its_calls_in_flight_exceed_its_new_part(
 def test_a_failed_board_read_keeps_the_parts_and_the_tick_goes_on(
     clock, webhook_server, settings, monkeypatch
 ):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     due(orders_channel(webhook_server.url), 60, now=clock.now())
     lane_shares.announce("urgent", OTHER, 30, idle=True)
     reads = 0
