@@ -84,6 +84,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 NOTIFICATIONS_RETRY: dict[str, Any] = {
     "BATCH_SIZE": int(os.environ.get("NR_BATCH_SIZE", "200")),
     "ATTEMPTS_BY_TYPE": {"transactional": 8, "marketing": 3},
+    # The webhook allowlist (SPEC §5): comma-separated hosts, IPs or CIDRs, e.g. "127.0.0.1" for a local
+    # receiver in a demo. Unset or empty: no internal address is allowed (docs/providers.md).
+    "WEBHOOK_ALLOWED_HOSTS": [
+        host.strip()
+        for host in os.environ.get("NOTIFICATIONS_RETRY_WEBHOOK_ALLOWED_HOSTS", "").split(",")
+        if host.strip()
+    ],
 }
 
 # Logging: the library only emits events; the project decides how they look. JSON lines in

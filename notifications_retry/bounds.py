@@ -89,6 +89,8 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 DEFAULT_MAX_PAYLOAD_DEPTH = 32
 
 _DAY = 86_400
+#: The largest RETRY_AFTER_MAX_SECONDS accepted: 30 days (a next attempt further out is a dead letter's job).
+RETRY_AFTER_MAX_SECONDS_LIMIT = 30 * _DAY
 
 SETTINGS: dict[str, Bound] = {
     "BATCH_SIZE": Bound(1, 1_000_000, integer=True),
@@ -98,6 +100,7 @@ SETTINGS: dict[str, Bound] = {
     "CLAIM_CHUNK_SIZE": Bound(1, 10_000, integer=True),
     "LEASE_GRACE_SECONDS": Bound(0, 3_600),
     "TRANSACTION_TIMEOUT_SECONDS": Bound(1, 3_600),
+    "RETRY_AFTER_MAX_SECONDS": Bound(0, RETRY_AFTER_MAX_SECONDS_LIMIT, low_open=True),
     "JITTER_RATIO": Bound(0, 1, high_open=True),
     "WORKER_THREADS": Bound(1, 512, integer=True),
     "CIRCUIT_FAILURE_THRESHOLD": Bound(1, 10_000, integer=True),

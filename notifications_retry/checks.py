@@ -1,9 +1,10 @@
 """System checks ``notifications_retry.E00x`` / ``W00x`` (the table is in docs/settings.md).
 
-Checks without the ``database`` tag never open a connection: they run on every ``manage.py``
-command, including a ``migrate`` on an empty database. Django runs the two tagged ones only when asked
-for databases (``check --database``, ``migrate``): ``check_channels`` reads rows, so it first makes sure
-the table exists; ``check_lock_session`` opens the lock's own connection and proves it direct.
+Two checks open a connection. ``check_channels`` reads the channels on plain ``check`` too (and on every
+command that runs checks), says so when the database cannot be read (W006) and stays silent until the
+table exists (``migrate`` runs checks before creating it). ``check_lock_session`` runs only when asked
+for databases (``check --database``, ``migrate``): it opens the lock's own connection and proves it
+direct. The other checks read settings only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.utils.module_loading import import_string
 
 from .conf import RetrySettings, get_settings, settings_problems
@@ -218,46 +219,81 @@ def _channels_table_exists(alias: str) -> bool:
 def check_channels(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """W002: channels whose configuration cannot send (their rows wait, like a disabled channel's).
+    """W002: channels whose configuration cannot send, or whose webhook URL the policy refuses.
 
-    E007: channels with a number outside its documented range.
+    Runs on plain ``check`` too (``databases`` None): it reads the ``default`` database when it can
+    and says so (W006) when it cannot; silent until the tables exist (``migrate`` checks first).
     """
     from .models import ChannelConfig
 
-    if not databases or "default" not in databases:
+    if databases is not None and "default" not in databases:
         return []
     try:
         if connections["default"].vendor != "postgresql" or not _channels_table_exists("default"):
             return []  # E002 already speaks for another backend; migrate runs checks before tables exist
         channels = list(ChannelConfig.objects.using("default").filter(is_enabled=True).order_by("key"))
-    except DatabaseError:
-        return []  # an unreachable server is not a configuration problem of this app
+    except Exception as exc:  # a check never breaks the command it runs before
+        return [
+            Warning(
+                "NOTIFICATIONS_RETRY: channels were not checked: cannot read them from the database "
+                f"'default' ({type(exc).__name__}: {_first_line(exc)}).",
+                hint="Run `manage.py check` again when the database is reachable: it then names every "
+                "channel that cannot send, including webhook URLs the URL policy refuses.",
+                id="notifications_retry.W006",
+            )
+        ]
+    return [message for channel in channels for message in _channel_messages(channel)]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _channel_messages(channel: Any) -> list[CheckMessage]:
+    from .url_policy import resolution_problems
+
     messages: list[CheckMessage] = []
-    for channel in channels:
-        out_of_range = channel.bounds_problems()
-        if out_of_range:
-            # Only possible past the CHECK constraints (dropped, or a restore without them).
-            messages.append(
-                Error(
-                    f"channel {channel.key!r} has settings outside their range: {'; '.join(out_of_range)}",
-                    hint="The worker sets it aside as misconfigured; fix it in the admin (the ranges are in "
-                    "docs/settings.md#channel-fields).",
-                    obj=channel,
-                    id="notifications_retry.E007",
-                )
+    out_of_range = channel.bounds_problems()
+    if out_of_range:
+        # Only possible past the CHECK constraints (dropped, or a restore without them).
+        messages.append(
+            Error(
+                f"channel {channel.key!r} has settings outside their range: {'; '.join(out_of_range)}",
+                hint="The worker sets it aside as misconfigured; fix it in the admin (the ranges are in "
+                "docs/settings.md#channel-fields).",
+                obj=channel,
+                id="notifications_retry.E007",
             )
-        try:
-            problems = channel.provider_problems()
-        except ChannelConfigurationError as exc:
-            problems = [str(exc)]
-        if problems:
-            messages.append(
-                Warning(
-                    f"channel {channel.key!r} cannot send: {'; '.join(problems)}",
-                    hint="Its notifications wait untouched (counted as channel-disabled) until the channel "
-                    "is fixed in the admin or disabled.",
-                    obj=channel,
-                    id="notifications_retry.W002",
-                )
-            )
-    return messages
+        )
+    try:
+        problems = channel.provider_problems()
+    except ChannelConfigurationError as exc:
+        problems = [str(exc)]
+    if problems:
+        return [
+            *messages,
+            Warning(
+                f"channel {channel.key!r} cannot send: {'; '.join(problems)}",
+                hint="Its notifications wait untouched (counted as channel-disabled) until the channel "
+                "is fixed in the admin or disabled.",
+                obj=channel,
+                id="notifications_retry.W002",
+            ),
+        ]
+    options = channel.options if isinstance(channel.options, Mapping) else {}
+    if channel.provider_key != "webhook" or "url" not in options:
+        return messages
+    refused = resolution_problems(options["url"])
+    if not refused:
+        return messages
+    return [
+        *messages,
+        Warning(
+            f"channel {channel.key!r} cannot send: {'; '.join(refused)}",
+            hint="Every connection to an internal address is refused when it is made (error kind "
+            "url_refused, not retried): point the channel elsewhere or allowlist the host.",
+            obj=channel,
+            id="notifications_retry.W002",
+        ),
+    ]

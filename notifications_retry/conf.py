@@ -17,6 +17,8 @@ from notifications_retry import bounds
 from notifications_retry.lanes import share_problems
 
 SETTINGS_NAME = "NOTIFICATIONS_RETRY"
+#: The largest RETRY_AFTER_MAX_SECONDS accepted: 30 days (a next attempt further out is a dead letter's job).
+RETRY_AFTER_MAX_SECONDS_LIMIT = bounds.RETRY_AFTER_MAX_SECONDS_LIMIT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,7 @@ class RetrySettings:
     OUTBOX_RETENTION_DAYS: int = 7
     PROVIDERS: Mapping[str, str] = dataclasses.field(default_factory=dict)
     WEBHOOK_ALLOWED_HOSTS: tuple[str, ...] = ()
+    RETRY_AFTER_MAX_SECONDS: float = 3600.0
     BULK_ACTION_CAP: int = 1000
     METRICS_PORT: int | None = None
     HEARTBEAT_MAX_AGE_SECONDS: float = 180.0

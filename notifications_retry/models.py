@@ -22,6 +22,7 @@ from . import bounds
 from .channel_settings import ChannelSettings
 from .db_rules import notification_triggers, outbox_triggers
 from .outcomes import CANCELLED
+from .url_policy import resolution_problems
 from .validation import range_validators, reject_invalid_payload, reject_unstorable_text
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
@@ -146,6 +147,8 @@ class ChannelConfig(models.Model):
         ):
             errors.setdefault("backoff_cap_seconds", []).append("The cap must be at least the base delay.")
         problems = self.provider_problems()  # the numbers are the field validators' to report
+        if not problems and self.provider_key == "webhook" and isinstance(self.options, dict):
+            problems = resolution_problems(self.options.get("url"))  # a name that resolves inside
         if problems:
             field = "provider_key" if "provider key" in problems[0] else "options"
             errors.setdefault(field, []).extend(problems)

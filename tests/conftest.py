@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,13 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def webhook_server() -> Iterator[ScriptedServer]:
+def webhook_server(settings: Any) -> Iterator[ScriptedServer]:
+    """A scripted receiver on 127.0.0.1, allowlisted (the URL policy refuses loopback otherwise).
+
+    A test that replaces ``NOTIFICATIONS_RETRY`` afterwards keeps the allowlist with
+    ``allow_loopback(settings)``.
+    """
+    allow_loopback(settings)
     server = ScriptedServer().start()
     yield server
     server.stop()
@@ -34,3 +41,12 @@ def _close_forgotten_connections(request: pytest.FixtureRequest) -> Iterator[Non
         request.getfixturevalue("django_db_setup")
     yield
     gc.collect()
+
+
+def allow_loopback(settings: Any) -> None:
+    """Add 127.0.0.1 to ``WEBHOOK_ALLOWED_HOSTS`` in the test's settings, keeping the other keys."""
+    current = dict(getattr(settings, "NOTIFICATIONS_RETRY", {}) or {})
+    hosts = list(current.get("WEBHOOK_ALLOWED_HOSTS", ()))
+    if "127.0.0.1" not in hosts:
+        hosts.append("127.0.0.1")
+    settings.NOTIFICATIONS_RETRY = {**current, "WEBHOOK_ALLOWED_HOSTS": hosts}

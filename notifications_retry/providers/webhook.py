@@ -1,57 +1,99 @@
-"""Webhook provider: POST the notification as JSON, idempotent by ``Idempotency-Key``."""
+"""Webhook provider: POST the notification as JSON, idempotent by ``Idempotency-Key`` (SPEC §5)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import json
-import ssl
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-import httpx
+from django.conf import settings as django_settings
 
-from .. import __version__
-from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
+from .. import __version__, url_policy
+from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
+from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
-from .http_transport import ConnectionPool, TransportError, check_header, run_sync
+from .http_client import HttpClient, TransportError, check_header, run_sync
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
 MAX_RESPONSE_BYTES = 64 * 1024
 USER_AGENT = f"notifications-retry/{__version__}"
 #: Headers the request framing owns: options cannot override them.
 RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+#: A Retry-After of more digits than this is past any maximum: clamped without being converted.
+_MAX_DIGITS = 12
 
 
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad."""
+def parse_retry_after(
+    value: str | None, now: datetime | None = None, *, maximum: float | None = None
+) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad.
+
+    Clamped to ``[0, maximum]`` (default: the ``RETRY_AFTER_MAX_SECONDS`` setting): an absurd value
+    (``999999999999``, a date in year 9999) waits the maximum and never raises.
+    """
+    if maximum is None:
+        maximum = _retry_after_max()
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():
+        seconds = float(value) if len(value) <= _MAX_DIGITS else math.inf
+        return min(seconds, maximum)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    return min(max(0.0, seconds), maximum)
+
+
+def _retry_after_max() -> float:
+    return _policy_settings()[1]
+
+
+#: (the NOTIFICATIONS_RETRY object read, (allowlist, Retry-After maximum)) — see _policy_settings.
+_policy_cache: list[tuple[object, tuple[tuple[str, ...], float]]] = []
+
+
+def _policy_settings() -> tuple[tuple[str, ...], float]:
+    """The allowlist and the Retry-After maximum, read again whenever ``NOTIFICATIONS_RETRY`` is replaced.
+
+    Every send needs them; building the whole settings object per send cost a tenth of the client's
+    CPU. ``override_settings`` (and a settings reload) replace the dict, which is what is compared.
+    """
+    raw = getattr(django_settings, SETTINGS_NAME, None)
+    if _policy_cache and _policy_cache[0][0] is raw:
+        return _policy_cache[0][1]
+    conf = get_settings()
+    try:
+        maximum = float(conf.RETRY_AFTER_MAX_SECONDS)
+    except (TypeError, ValueError):  # settings check E001 reports a bad one; a send still needs a bound
+        maximum = RetrySettings.RETRY_AFTER_MAX_SECONDS
+    if not 0 < maximum <= RETRY_AFTER_MAX_SECONDS_LIMIT:
+        maximum = RetrySettings.RETRY_AFTER_MAX_SECONDS
+    value = (tuple(conf.WEBHOOK_ALLOWED_HOSTS), maximum)
+    _policy_cache[:] = [(raw, value)]
+    return value
 
 
 def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
     """Map an HTTP answer to a result or a classified error (SPEC §5's table, in one place)."""
     if 200 <= status < 300:
         return SendResult(provider_message_id=_message_id(body))
-    retry_after = parse_retry_after(headers.get("retry-after"))
     reason = f"webhook answered HTTP {status}"
     if status == 429:
+        retry_after = parse_retry_after(headers.get("retry-after"))
         raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after)
     if status == 503:
+        retry_after = parse_retry_after(headers.get("retry-after"))
         raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after)
     if status == 408:
         raise RetryableProviderError(reason, kind="timeout")
@@ -67,24 +109,28 @@ def _message_id(body: bytes) -> str | None:
         return None
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if isinstance(data, dict) and data.get("id") is not None:
         return str(data["id"])[:255]
     return None
 
 
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One verifying TLS context for every client: building one loads the CA bundle (tens of ms)."""
-    return httpx.create_ssl_context()
+def _crash(exc: Exception) -> RetryableProviderError:
+    return RetryableProviderError(
+        f"webhook client failed: {type(exc).__name__}: {exc}", kind="provider_crash"
+    )
 
 
 class WebhookProvider(Provider):
-    """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` (HMAC signature)."""
+    """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` (HMAC signature).
+
+    Every send checks the URL policy (:mod:`notifications_retry.url_policy`) and every connection
+    the address it goes to: a refused URL is a permanent ``url_refused`` failure, never a request.
+    """
 
     key: ClassVar[str] = "webhook"
-    enforces_timeout = True  # one deadline over each whole request (http_transport)
+    enforces_timeout = True  # one deadline over each whole request (http_client)
 
     def __init__(self, channel: ChannelSettings) -> None:
         super().__init__(channel)
@@ -94,8 +140,10 @@ class WebhookProvider(Provider):
         self.secret: str | None = options.get("secret")
         self.timeout = float(channel.timeout_seconds)
         self.max_connections = max(1, int(channel.max_concurrency))
+        # The allowlist the last policy check read; the connect-time guard uses the same one.
+        self._allowed: tuple[str, ...] = ()
         # Created on the first asynchronous send, on the loop that sends (the worker's).
-        self._pool: ConnectionPool | None = None
+        self._client: HttpClient | None = None
 
     @classmethod
     def options_problems(cls, options: Mapping[str, Any]) -> list[str]:
@@ -110,6 +158,8 @@ class WebhookProvider(Provider):
             problems.append(f"webhook url must be an http(s) URL with a host, got {url!r}")
         elif any(ord(c) <= 32 or ord(c) == 127 for c in url):
             problems.append(f"webhook url must not contain spaces or control characters, got {url!r}")
+        else:
+            problems.extend(url_policy.webhook_url_problems(url))
         headers = options.get("headers", {})
         if not isinstance(headers, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
@@ -140,13 +190,13 @@ class WebhookProvider(Provider):
         }
         try:
             return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise PermanentProviderError(
                 f"payload cannot be serialized: {exc}", kind="serialization"
             ) from exc
 
     def _request(self, message: OutgoingMessage) -> tuple[list[tuple[str, str]], bytes]:
-        """The body and the headers that change per message (the rest are the pool's)."""
+        """The body and the headers that change per message (the rest are the client's)."""
         body = self.body(message)
         headers = [("Idempotency-Key", str(message.notification_id))]
         if self.secret:
@@ -154,53 +204,79 @@ class WebhookProvider(Provider):
             headers.append(("X-Signature", f"sha256={digest}"))
         return headers, body
 
-    def _new_pool(self, max_connections: int) -> ConnectionPool:
+    def _check_url(self) -> None:
+        """The URL policy, on every send: a channel made in code is held to it as the admin's are."""
+        allowed = _policy_settings()[0]
+        problems = url_policy.webhook_url_problems(self.url, allowed_hosts=allowed)
+        if problems:
+            raise PermanentProviderError(f"webhook URL refused: {'; '.join(problems)}", kind="url_refused")
+        self._allowed = allowed
+
+    def _guard(self, address: str) -> str | None:
+        """The connect-time half of the policy, on the address a new connection goes to."""
+        host = urlsplit(self.url).hostname or ""
+        return url_policy.address_problem(address, host, self._allowed)
+
+    def _new_client(self, max_connections: int) -> HttpClient:
         # The options' headers, minus those the provider sets per message, go on every request.
-        fixed = {**self.extra_headers, "Content-Type": "application/json"}
+        fixed = {**self.extra_headers, "Content-Type": "application/json", "User-Agent": USER_AGENT}
         fixed.pop("Idempotency-Key", None)
         if self.secret:
             fixed.pop("X-Signature", None)
         try:
-            return ConnectionPool(
+            return HttpClient(
                 self.url,
                 max_connections=max_connections,
                 max_body=MAX_RESPONSE_BYTES,
-                ssl_context=_ssl_context,
-                user_agent=USER_AGENT,
                 headers=list(fixed.items()),
+                guard=self._guard,
             )
-        except ValueError as exc:  # a URL or header the options should not have let through
+        except ValueError as exc:  # a header the options should not have let through
             raise PermanentProviderError(
                 f"webhook request is invalid: {exc}", kind="invalid_request"
             ) from exc
 
-    async def _post(self, pool: ConnectionPool, message: OutgoingMessage) -> SendResult:
-        headers, body = self._request(message)
+    async def _post(self, message: OutgoingMessage, *, own_client: bool) -> SendResult:
+        """Check, POST and classify; every failure leaves as a ProviderError with its cause kept."""
+        client: HttpClient | None = None
         try:
-            response = await pool.request("POST", headers, body, timeout=self.timeout)
-        except TransportError as exc:
-            raise RetryableProviderError(f"webhook {exc.kind} failure: {exc}", kind=exc.kind) from exc
-        return classify_response(response.status, response.headers, response.body)
+            self._check_url()
+            headers, body = self._request(message)
+            if own_client:
+                client = self._new_client(1)
+            else:
+                if self._client is None:
+                    self._client = self._new_client(self.max_connections)
+                client = self._client
+            try:
+                response = await client.request("POST", headers, body, timeout=self.timeout)
+            except TransportError as exc:
+                error = RetryableProviderError if exc.retriable else PermanentProviderError
+                raise error(f"webhook {exc.kind} failure: {exc}", kind=exc.kind) from exc
+            return classify_response(response.status, response.headers, response.body)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            # Whatever else breaks inside the client is this record's retriable failure, with its cause.
+            raise _crash(exc) from exc
+        finally:
+            if own_client and client is not None:
+                await client.aclose()
 
     async def send_async(self, message: OutgoingMessage) -> SendResult:
         """POST on the running loop over kept-alive connections (at most ``max_concurrency``)."""
-        if self._pool is None:
-            self._pool = self._new_pool(self.max_connections)
-        return await self._post(self._pool, message)
+        return await self._post(message, own_client=False)
 
     def send(self, message: OutgoingMessage) -> SendResult:
         """POST from synchronous code, on a connection of its own (the worker sends asynchronously)."""
-        pool = self._new_pool(1)
-
-        async def once() -> SendResult:
-            try:
-                return await self._post(pool, message)
-            finally:
-                pool.close()
-
-        return run_sync(once())
+        try:
+            return run_sync(self._post(message, own_client=True))
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise _crash(exc) from exc
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import copy
+import io
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +19,14 @@ from django.core.management.base import SystemCheckError
 from django.db import connection, connections
 from django.test import override_settings
 
+from notifications_retry.checks import check_channels
 from notifications_retry.providers.base import Provider
 from tests.factories import ChannelFactory
+from tests.support.processes import free_port
+
+# The channel check reads the database on plain `check`: every test here may.
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class CustomProvider(Provider):
@@ -175,16 +186,51 @@ def test_w004_heartbeat_shorter_than_interval() -> None:
 
 
 @pytest.mark.django_db
-def test_w002_broken_enabled_channel_is_reported_only_with_databases() -> None:
+def test_w002_broken_enabled_channel_is_reported_by_plain_check() -> None:
     ChannelFactory(key="hooks", provider_key="webhook", options={})
     ChannelFactory(key="ghost", provider_key="carrier_pigeon")
     ChannelFactory(key="off", provider_key="carrier_pigeon", is_enabled=False)
     ChannelFactory(key="fine", provider_key="in_app")
-    assert "notifications_retry.W002" not in ids()  # plain `check`: no database access
-    found = messages_with("notifications_retry.W002", databases=["default"])
-    assert len(found) == 2
-    assert any("'hooks'" in m and "url" in m for m in found)
-    assert any("'ghost'" in m and "carrier_pigeon" in m for m in found)
+    ChannelFactory(key="inside", provider_key="webhook", options={"url": "http://10.0.0.5/hook"})
+    for found in (
+        messages_with("notifications_retry.W002"),
+        messages_with("notifications_retry.W002", databases=["default"]),
+    ):
+        assert len(found) == 3
+        assert any("'hooks'" in m and "url" in m for m in found)
+        assert any("'ghost'" in m and "carrier_pigeon" in m for m in found)
+        assert any("'inside'" in m and "internal address" in m for m in found)
+    assert check_channels(databases=["other"]) == []  # `check --database other` does not read default
+
+
+@pytest.mark.django_db
+def test_plain_check_command_prints_the_refused_channel() -> None:
+    ChannelFactory(key="metadata", provider_key="webhook", options={"url": "http://169.254.169.254/latest"})
+    out = io.StringIO()
+    call_command("check", stdout=out, stderr=out)
+    assert "notifications_retry.W002" in out.getvalue() and "'metadata'" in out.getvalue()
+
+
+def test_plain_check_says_when_the_database_is_unreachable() -> None:
+    # A real `manage.py check` whose database is down: it says what it could not check, and passes.
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/postgres",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
+    env.pop("NR_TEST_DATABASE_NAME", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert "notifications_retry.W006" in output and "channels were not checked" in output
+    assert "OperationalError" in output
 
 
 @pytest.mark.django_db

@@ -73,7 +73,7 @@ def test_high_priority_first_at_equal_due_time_older_due_first_otherwise(clock, 
 
 @pytest.mark.django_db
 def test_a_lane_takes_only_its_own_rows(clock, make_worker, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     in_app = ChannelFactory(key="in_app")
     bulk = ChannelFactory(key="bulk-mail")
     urgent_rows = due(clock, in_app, 3, priority=Priority.HIGH)
@@ -92,7 +92,7 @@ def test_a_lane_takes_only_its_own_rows(clock, make_worker, settings):
 
 @pytest.mark.django_db
 def test_each_lane_has_its_own_lock(clock, make_worker, settings):
-    settings.NOTIFICATIONS_RETRY = {"LANES": LANES}
+    settings.NOTIFICATIONS_RETRY = {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     channel = ChannelFactory(key="in_app")
     bulk = ChannelFactory(key="bulk-mail")
     due(clock, channel, 2, priority=Priority.HIGH)
@@ -129,7 +129,9 @@ def test_two_lane_processes_run_in_parallel_on_disjoint_rows(clock, tmp_path):
                     channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=past, priority=priority
                 )
         url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-        env = worker_env(url, connection.settings_dict["NAME"], {"LANES": LANES})
+        env = worker_env(
+            url, connection.settings_dict["NAME"], {"LANES": LANES, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+        )
         procs = [
             WorkerProcess(["--once", "--lane", lane], env, tmp_path, lane).start()
             for lane in ("urgent", "bulk")
@@ -153,10 +155,11 @@ def _lateness(server: ScriptedServer, t0: float) -> float:
 
 
 @pytest.mark.django_db
-def test_a_slow_or_failing_channel_adds_at_most_20_percent_to_others_lateness(clock, make_worker):
+def test_a_slow_or_failing_channel_adds_at_most_20_percent_to_others_lateness(clock, make_worker, settings):
     """Lateness of one channel's 120 rows (mean time from the tick's start to arrival at its server),
     alone and next to a slow channel, a failing one, and both; rounds interleaved and the best of
     three taken per case, so load from elsewhere on a shared machine does not decide the comparison."""
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}  # the local receivers
     fast = ScriptedServer(lambda r: Reply(200, {"id": "ok"}, delay=0.05)).start()
     slow = ScriptedServer(lambda r: Reply(200, {"id": "ok"}, delay=0.5)).start()
     failing = ScriptedServer(lambda r: Reply(500, delay=0.01)).start()

@@ -13,6 +13,7 @@ from notifications_retry.exceptions import PermanentProviderError, ProviderThrot
 from notifications_retry.providers import get_provider_class
 from notifications_retry.providers.base import ChannelSettings, OutgoingMessage
 from notifications_retry.providers.webhook import WebhookProvider, parse_retry_after
+from tests.conftest import allow_loopback
 from tests.support.http_server import Reply, ScriptedServer
 
 
@@ -126,7 +127,8 @@ def test_slow_answer_times_out_as_retriable(webhook_server):
     assert time.monotonic() - started < 1.5
 
 
-def test_connection_refused_is_retriable():
+def test_connection_refused_is_retriable(settings):
+    allow_loopback(settings)
     server = ScriptedServer().start()
     url = server.url
     server.stop()
@@ -171,3 +173,18 @@ def test_bad_options_are_described(options, fragment):
 @pytest.mark.parametrize(("value", "expected"), [("5", 5.0), (None, None), ("", None), ("soon", None)])
 def test_parse_retry_after(value, expected):
     assert parse_retry_after(value) == expected
+
+
+def test_503_retry_after_in_year_9999_waits_the_documented_maximum(webhook_server):
+    webhook_server.responder = lambda r: Reply(503, headers={"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"})
+    with pytest.raises(RetryableProviderError) as info:
+        provider_for(webhook_server).send(message())
+    assert info.value.retry_after == 3600
+
+
+def test_429_retry_after_clamped_to_the_setting(webhook_server, settings):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "RETRY_AFTER_MAX_SECONDS": 90}
+    webhook_server.responder = lambda r: Reply(429, headers={"Retry-After": "999999999999"})
+    with pytest.raises(ProviderThrottled) as info:
+        provider_for(webhook_server).send(message())
+    assert info.value.retry_after == 90

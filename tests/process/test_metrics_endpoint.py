@@ -102,7 +102,7 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "retry_worker", "--interval", "600", "--metrics-port", str(port)],
             cwd=REPO_ROOT,
-            env=worker_env({"CIRCUIT_FAILURE_THRESHOLD": 3}),
+            env=worker_env({"CIRCUIT_FAILURE_THRESHOLD": 3, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

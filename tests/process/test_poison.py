@@ -36,7 +36,11 @@ def ticks(worker: Worker, count: int) -> None:
 
 
 def test_poison_payload_and_raising_provider_end_terminal_while_healthy_records_flow(settings):
-    settings.NOTIFICATIONS_RETRY = {"PROVIDERS": PROVIDERS, "CIRCUIT_FAILURE_THRESHOLD": 1000}
+    settings.NOTIFICATIONS_RETRY = {
+        "PROVIDERS": PROVIDERS,
+        "CIRCUIT_FAILURE_THRESHOLD": 1000,
+        "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+    }
     server = ScriptedServer().start()
     try:
         hook = webhook_channel(server.url, max_attempts=3, backoff_base_seconds=1, retry_backoff="fixed")

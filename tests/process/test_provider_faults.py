@@ -47,7 +47,8 @@ def message() -> OutgoingMessage:
     [Reply(200, {"id": "late"}, drip=1), Reply(hang=True), Reply(200, {"id": "x" * 200}, drip=8)],
     ids=["drip-headers", "hang", "drip-body"],
 )
-def test_each_webhook_attempt_ends_within_timeout_plus_1s_and_is_retriable(reply):
+def test_each_webhook_attempt_ends_within_timeout_plus_1s_and_is_retriable(reply, settings):
+    settings.NOTIFICATIONS_RETRY = SETTINGS  # the receiver is on loopback: allowlisted
     server = ScriptedServer(lambda request: reply).start()
     provider = WebhookProvider(
         ChannelConfig(
@@ -101,7 +102,7 @@ def test_hung_provider_tick_respects_max_duration_and_counts_retriable_attempts(
 @pytest.mark.django_db(transaction=True)
 def test_5xx_on_every_call_max_attempts_calls_gaps_in_jitter_band_one_alert_and_event(settings):
     # The circuit breaker would pause the channel: this scenario is about the per-record schedule.
-    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 1000}
+    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 1000, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     server = ScriptedServer(lambda request: Reply(500, "down")).start()
     alerts: list[dict] = []
 
@@ -143,7 +144,7 @@ def test_5xx_on_every_call_max_attempts_calls_gaps_in_jitter_band_one_alert_and_
 
 @pytest.mark.django_db(transaction=True)
 def test_429_storm_waits_for_retry_after_then_keeps_to_the_rate_limit(settings):
-    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 1000}
+    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 1000, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
     retry_after, rate, storm = 2, 5.0, 3
 
     def responder(request):

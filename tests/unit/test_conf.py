@@ -95,6 +95,13 @@ def test_webhook_hosts_list_becomes_a_tuple() -> None:
         ("METRICS_PORT", 70000, "METRICS_PORT"),
         ("METRICS_PORT", True, "METRICS_PORT"),
         ("HEARTBEAT_MAX_AGE_SECONDS", 0, "HEARTBEAT_MAX_AGE_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", 0, "RETRY_AFTER_MAX_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", -60, "RETRY_AFTER_MAX_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", float("nan"), "RETRY_AFTER_MAX_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", float("inf"), "RETRY_AFTER_MAX_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", 31 * 24 * 3600, "RETRY_AFTER_MAX_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", "3600", "RETRY_AFTER_MAX_SECONDS"),
+        ("RETRY_AFTER_MAX_SECONDS", True, "RETRY_AFTER_MAX_SECONDS"),
     ],
 )
 def test_wrong_type_or_range_is_described(key: str, value: object, fragment: str) -> None:

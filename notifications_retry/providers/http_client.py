@@ -1,0 +1,350 @@
+"""The HTTP client providers post with: aiohttp, kept connections, one deadline, capped answers.
+
+What this module adds to aiohttp is the product's policy, not HTTP: one deadline over a whole request
+(connect, write, status line, headers and body: a server dripping a byte a second is cut off at the
+timeout), an answer capped in size (the body at ``max_body``; the status line, each header and the
+number of headers by aiohttp's parser limits), no redirects followed, no proxy taken from the
+environment, and a connect-time guard that sees the address every connection actually goes to
+(``socket_factory``: after DNS, for names and IP literals alike) and refuses it when the URL policy
+says so. aiohttp's own errors are mapped here, in one place, to :class:`TransportError` kinds.
+
+Why aiohttp (measured by ``python -m bench.http_clients``; docs/providers.md has the figures):
+driven directly it costs the least CPU per request of the kept clients, and it exposes the three
+hooks this needs (parser limits, a socket factory, ``trust_env=False``) without private API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import socket
+import ssl
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+import aiohttp
+import httpx
+import yarl
+
+__all__ = [
+    "MAX_HEADERS",
+    "MAX_HEADER_FIELD_BYTES",
+    "MAX_STATUS_LINE_BYTES",
+    "AddressRefused",
+    "ConnectFailed",
+    "HttpClient",
+    "InvalidRequest",
+    "ProtocolFailure",
+    "RequestTimeout",
+    "Response",
+    "TransportError",
+    "UrlRefused",
+    "check_header",
+    "run_sync",
+]
+
+#: Longest status line accepted (bytes): aiohttp refuses a longer one before buffering it.
+MAX_STATUS_LINE_BYTES = 8190
+#: Longest single header (name + value, bytes) accepted.
+MAX_HEADER_FIELD_BYTES = 8190
+#: Most headers accepted in one answer: with the field limit, an answer's headers stay under ~1 MiB
+#: however much the other side sends.
+MAX_HEADERS = 128
+#: Seconds an idle kept-alive connection stays in the pool.
+KEEPALIVE_SECONDS = 15.0
+
+_T = TypeVar("_T")
+
+#: Checks an address the client is about to connect to: a reason to refuse it, or None.
+AddressGuard = Callable[[str], "str | None"]
+
+
+def run_sync(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coroutine`` to completion from synchronous code, on a new event loop.
+
+    A thread that already runs a loop (a notebook, a Playwright session, an async framework's
+    thread) cannot start another: the coroutine then runs on a short-lived thread of its own.
+    """
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is None:  # outside the except block: a failure of the coroutine is not chained to it
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="notifications-retry-sync") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+class TransportError(Exception):
+    """A request that got no usable answer; ``kind`` names why, in the SPEC's error kinds."""
+
+    kind = "transport"
+    retriable = True
+
+
+class ConnectFailed(TransportError):
+    kind = "connection"
+
+
+class RequestTimeout(TransportError):
+    kind = "timeout"
+
+
+class ProtocolFailure(TransportError):
+    """A malformed, oversized or cut-short answer."""
+
+    kind = "transport"
+
+
+class UrlRefused(TransportError):
+    """The URL policy refused where the request would go: never retried."""
+
+    kind = "url_refused"
+    retriable = False
+
+
+class InvalidRequest(TransportError):
+    """A request HTTP cannot carry as configured (a bad header, an unusable URL): never retried."""
+
+    kind = "invalid_request"
+    retriable = False
+
+
+class AddressRefused(OSError):
+    """Raised by the connect-time guard; an OSError so that aiohttp treats it as a failed connect."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        # One message for every refused address: aiohappyeyeballs raises the first of several
+        # failures as it is when they all read the same, which keeps this type visible.
+        super().__init__("address refused by the webhook URL policy")
+        self.address = address
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+    """A complete answer; ``headers`` are case-insensitive; ``body`` is cut at ``max_body`` bytes."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    truncated: bool = False
+
+
+def check_header(name: str, value: str) -> None:
+    """Raise ValueError for a header HTTP/1.1 cannot carry as given."""
+    # A CR or LF would let a configured header value start a header (or a request) of its own.
+    if not name or any(c in name for c in "\r\n\0: \t") or any(c in value for c in "\r\n\0"):
+        raise ValueError(f"invalid HTTP header {name!r}")
+
+
+@functools.cache
+def default_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context (certifi's CA bundle) for every client: building one costs tens of ms."""
+    return httpx.create_ssl_context()
+
+
+@dataclasses.dataclass
+class _Session:
+    session: aiohttp.ClientSession
+    loop: asyncio.AbstractEventLoop
+    inflight: int = 0
+    closing: bool = False
+
+
+class HttpClient:
+    """Requests to one URL over at most ``max_connections`` kept-alive connections, on one event loop.
+
+    ``guard`` is asked about the address of every new connection before it is opened (after DNS);
+    a reason refuses it with :class:`UrlRefused`. ``headers`` go on every request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int,
+        max_body: int,
+        headers: Sequence[tuple[str, str]] = (),
+        guard: AddressGuard | None = None,
+        ssl_context: Callable[[], ssl.SSLContext] = default_ssl_context,
+    ) -> None:
+        for name, value in headers:
+            check_header(name, value)
+        self.url = url
+        self._url = yarl.URL(url)  # parsed once: aiohttp would parse a string on every request
+        self.max_connections = max(1, int(max_connections))
+        self.max_body = max_body
+        self.headers = dict(headers)
+        self.guard = guard
+        self._ssl_context = ssl_context
+        self._current: _Session | None = None
+
+    # -- the connect-time guard ------------------------------------------------------------------
+
+    def _socket(self, addr_info: Any) -> socket.socket:
+        """aiohttp's socket factory: called with the resolved address of every connection it opens."""
+        family, type_, proto, _, sockaddr = addr_info
+        address = str(sockaddr[0])
+        if self.guard is not None:
+            reason = self.guard(address)
+            if reason is not None:
+                raise AddressRefused(address, reason)
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def _session(self) -> _Session:
+        loop = asyncio.get_running_loop()
+        current = self._current
+        if current is not None and current.loop is loop and not current.session.closed:
+            return current
+        if current is not None:
+            self._retire(current)  # used from another loop now (a new asyncio.run): start afresh
+        connector = aiohttp.TCPConnector(
+            limit=self.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            ssl=self._ssl_context() if self.url.lower().startswith("https:") else False,
+            socket_factory=self._socket,
+        )
+        session = aiohttp.ClientSession(
+            connector=connector,
+            trust_env=False,  # no proxy (nor .netrc credentials) from the environment
+            timeout=aiohttp.ClientTimeout(total=None),  # the deadline is ours, over the whole request
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            max_line_size=MAX_STATUS_LINE_BYTES,
+            max_field_size=MAX_HEADER_FIELD_BYTES,
+            max_headers=MAX_HEADERS,
+            headers=self.headers,
+        )
+        self._current = _Session(session, loop)
+        return self._current
+
+    @staticmethod
+    async def _close_when_idle(state: _Session) -> None:
+        state.closing = True
+        if state.inflight == 0 and not state.session.closed:
+            await state.session.close()
+
+    def _retire(self, state: _Session) -> None:
+        """Close ``state``'s session once its requests in flight are done, from whichever thread."""
+        if self._current is state:
+            self._current = None
+        loop = state.loop
+        if loop.is_closed() or state.session.closed:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task = loop.create_task(self._close_when_idle(state))
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+        elif loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self._close_when_idle(state), loop)
+            try:
+                future.result(timeout=2.0)
+            except Exception:  # a stuck or closing loop keeps its sockets: nothing more to do here
+                future.cancel()
+
+    def close(self) -> None:
+        """Close the connections; a request in flight keeps its own until it ends. Any thread."""
+        if self._current is not None:
+            self._retire(self._current)
+
+    async def aclose(self) -> None:
+        """Close the connections from the client's own loop, waiting until they are closed."""
+        state, self._current = self._current, None
+        if state is not None and state.loop is asyncio.get_running_loop():
+            await self._close_when_idle(state)
+        elif state is not None:
+            self._retire(state)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def request(
+        self, method: str, headers: Sequence[tuple[str, str]], body: bytes, *, timeout: float
+    ) -> Response:
+        """Send one request and read its answer, all within ``timeout`` seconds."""
+        try:
+            for name, value in headers:
+                check_header(name, value)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        state = self._session()
+        state.inflight += 1
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._exchange(state.session, method, headers, body)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"no complete answer within {timeout:g}s") from exc
+        except aiohttp.ClientConnectorError as exc:
+            refused = _refusal(exc)
+            if refused is not None:
+                raise UrlRefused(f"connection to {refused.address} refused: {refused.reason}") from exc
+            raise ConnectFailed(f"cannot connect: {exc}") from exc
+        except (aiohttp.InvalidURL, ValueError) as exc:
+            raise InvalidRequest(f"request cannot be sent: {exc}") from exc
+        except aiohttp.ClientResponseError as exc:
+            # The parser's refusals: a malformed answer, a status line, header or header count over
+            # the limits above. The other side misbehaves; it may heal.
+            raise ProtocolFailure(f"malformed or oversized answer: {_short(exc.message)}") from exc
+        except aiohttp.ClientOSError as exc:
+            raise ConnectFailed(f"connection failed: {exc}") from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            raise ProtocolFailure("connection closed before the answer was complete") from exc
+        except aiohttp.ClientError as exc:
+            raise ProtocolFailure(f"{type(exc).__name__}: {_short(str(exc))}") from exc
+        finally:
+            state.inflight -= 1
+            if state.closing and state.inflight == 0 and not state.session.closed:
+                await state.session.close()
+
+    async def _exchange(
+        self, session: aiohttp.ClientSession, method: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> Response:
+        async with session.request(
+            method, self._url, data=body, headers=dict(headers), allow_redirects=False
+        ) as response:
+            data = bytearray()
+            room = self.max_body + 1  # one byte more than kept tells a cut answer from a full one
+            while len(data) < room:
+                chunk = await response.content.read(room - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            truncated = len(data) > self.max_body
+            if truncated:
+                # Enough of an answer that should be short: drop the connection rather than read on.
+                response.close()
+            return Response(response.status, response.headers, bytes(data[: self.max_body]), truncated)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """Error text quotes what the other side sent: keep the record's error short."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _refusal(exc: BaseException) -> AddressRefused | None:
+    """The guard's refusal behind an aiohttp connect error, if that is what it was."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, AddressRefused):
+            return current
+        seen.add(id(current))
+        os_error = getattr(current, "os_error", None)
+        if isinstance(os_error, AddressRefused):
+            return os_error
+        current = current.__cause__ or current.__context__
+    return None
+
+
+#: Close tasks started on a loop from inside it (the loop keeps only weak references to tasks).
+_pending: set[asyncio.Task[None]] = set()
