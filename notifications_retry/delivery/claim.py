@@ -305,23 +305,25 @@ class _Claim:
         return batch
 
 
-#: Recovered rows whose worker died once with them are claimed in groups of at most this many.
+#: Recovered rows whose worker died once with them come back in groups of at most this many.
 RECOVERY_GROUP = 16
 
 
 def _recovery_group(rows: list[Any]) -> tuple[list[Any], bool]:
     """The rows to lease now, and whether due rows were left out on purpose.
 
-    A row whose lease expired was in flight when its worker died: maybe it killed the worker. Rows
-    that did so once are claimed in small groups (a recovery as fast as a group's sends); a row that
-    was in flight at two deaths is claimed alone, so a payload that kills the process takes no
-    healthy batch-mate down with it again.
+    A row whose lease expired was in flight when its worker died: maybe it killed the worker. Such
+    rows come back in groups that halve with each death they were in flight at (16, 8, 4, 2, then
+    alone), the rows of fewest deaths first: a recovery drains at the pace of a group's sends, and a
+    payload that kills the process is cornered in a few rounds, each costing fewer batch-mates an
+    attempt.
     """
     recovered = [row for row in rows if row[_RECOVERED]]
     if not recovered:
         return rows, False
-    once = [row for row in recovered if (row[_CRASHES] or 0) <= 1]
-    chosen = once[:RECOVERY_GROUP] if once else recovered[:1]
+    least = min(max(1, row[_CRASHES] or 1) for row in recovered)
+    size = max(1, RECOVERY_GROUP >> (least - 1))
+    chosen = [row for row in recovered if max(1, row[_CRASHES] or 1) == least][:size]
     return chosen, len(chosen) < len(rows)
 
 
