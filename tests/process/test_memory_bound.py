@@ -1,0 +1,74 @@
+"""Memory does not follow the hostile side: a provider answering 200 MB of headers to every call at
+max_concurrency 32, and payloads at MAX_PAYLOAD_BYTES, keep the worker's peak RSS under the bound
+docs/operations.md states (256 MB) next to the container limit it recommends."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from notifications_retry.models import ChannelConfig
+from tests.process.conftest import seed_due
+from tests.process.helpers import webhook_channel
+from tests.support.raw_http_server import RawServer, endless
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+MB = 1024 * 1024
+RSS_BOUND_MB = 256
+# The circuit stays closed, so every one of the 320 calls meets the flood (32 at a time).
+SETTINGS = {
+    "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+    "LEASE_GRACE_SECONDS": 0.5,
+    "CIRCUIT_FAILURE_THRESHOLD": 10000,
+}
+
+
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def watch_peak(pid: int, stop: threading.Event, seen: list[float]) -> None:
+    while not stop.is_set():
+        try:
+            seen.append(peak_rss_mb(pid))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            return
+        time.sleep(0.05)
+
+
+def test_peak_rss_stays_bounded_under_header_floods_and_payloads_at_the_limit(start_worker):
+    flood = endless(b"HTTP/1.1 200 OK\r\nX-Big: ", b"a" * 65536, 200 * MB)
+    with RawServer(flood) as server:
+        hook = webhook_channel(server.url, max_concurrency=32, timeout_seconds=2.0, max_attempts=5)
+        seed_due(hook, 320)
+        bulky = ChannelConfig.objects.create(key="bulky", provider_key="in_app", max_attempts=5)
+        seed_due(bulky, 400)
+        # Payloads at the size limit (256 KiB), written as other code would.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE notifications_retry_notificationentity SET payload = jsonb_build_object("
+                "'subject', 'Hello', 'body', repeat('x', 256 * 1024 - 64)) WHERE channel_id = %s",
+                [bulky.pk],
+            )
+        worker = start_worker(["--once", "--batch-size", "720", "--max-duration", "60"], SETTINGS)
+        stop, seen = threading.Event(), []
+        watcher = threading.Thread(target=watch_peak, args=(worker.pid, stop, seen), daemon=True)
+        watcher.start()
+        status = worker.wait(120)
+        stop.set()
+        watcher.join(2)
+    assert status == 0, worker.output()[-3000:]
+    output = worker.output()
+    assert "processed=720" in output and "retried=320" in output, output[-3000:]
+    assert server.connections >= 32
+    peak = max(seen)
+    print(f"worker peak RSS: {peak:.0f} MB (bound {RSS_BOUND_MB} MB)")
+    assert peak < RSS_BOUND_MB, peak
