@@ -71,3 +71,31 @@ def test_share_problems_name_what_is_wrong(lanes, fragment):
 def test_a_sound_configuration_has_no_problems():
     assert share_problems(LANES) == []
     assert share_problems({"a": {"channels": ["m"], "shares": {"m": 0.25}}, "b": {"channels": ["m"]}}) == []
+
+
+def test_the_documented_worked_example():
+    lanes = {
+        "urgent": {"priorities": [0], "channels": ["email", "sms"], "shares": {"email": 0.75}},
+        "bulk": {"channels": ["email"]},
+    }
+    assert shared_limits(lanes, "urgent", "email", max_concurrency=10, rate_limit=20.0) == (7, 15.0)
+    assert shared_limits(lanes, "urgent", "sms", max_concurrency=10, rate_limit=20.0) == (10, 20.0)
+    assert shared_limits(lanes, "bulk", "email", max_concurrency=10, rate_limit=20.0) == (5, 10.0)
+    assert any("add up to 1.25" in p for p in share_problems(lanes))
+    lanes["bulk"]["shares"] = {"email": 0.25}
+    assert share_problems(lanes) == []
+    assert shared_limits(lanes, "bulk", "email", max_concurrency=10, rate_limit=20.0) == (2, 5.0)
+
+
+def test_shares_over_the_whole_limit_are_a_settings_error():
+    from notifications_retry.conf import RetrySettings, settings_problems
+
+    conf = RetrySettings.from_mapping(
+        {
+            "LANES": {
+                "a": {"channels": ["m"], "shares": {"m": 0.7}},
+                "b": {"channels": ["m"], "shares": {"m": 0.6}},
+            }
+        }
+    )
+    assert any("add up to 1.3" in p for p in settings_problems(conf))
