@@ -100,6 +100,7 @@ BUILTIN_ERROR_KINDS = (
     "invalid_recipient",
     "cancelled",
     "dispatch_failed",
+    "url_refused",
     "invalid_payload",
     "backend_config",
     "backend_error",

@@ -62,7 +62,11 @@ def test_prometheus_fires_provider_down_and_terminal_spike_for_a_real_worker(
     port = free_port()
     worker = start_worker(
         ["--interval", "0.3", "--metrics-port", str(port)],
-        settings={"CIRCUIT_FAILURE_THRESHOLD": 2, "CIRCUIT_COOLDOWN_SECONDS": 0.5},
+        settings={
+            "CIRCUIT_FAILURE_THRESHOLD": 2,
+            "CIRCUIT_COOLDOWN_SECONDS": 0.5,
+            "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+        },
     )
     prometheus = PrometheusServer(rules_with_short_for(), [f"127.0.0.1:{port}"]).start()
     try:
