@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import abc
+import importlib
 import json
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any, ClassVar
 
 
@@ -60,3 +62,19 @@ class Publisher(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - an optional hook: most publishers hold nothing
         """Release clients and connections."""
+
+
+def broker_client(module: str, *, publisher: str, package: str, extra: str) -> ModuleType:
+    """Import a broker's client library, an optional dependency: say which extra brings it if missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(
+            f"the {publisher} publisher needs {package}: pip install 'django-notifications-retry[{extra}]'"
+        ) from exc
+
+
+def refuse_bad_options(publisher: str, problems: list[str]) -> None:
+    """Raise one ValueError naming every problem of a publisher's options (none: do nothing)."""
+    if problems:
+        raise ValueError(f"{publisher} publisher: " + "; ".join(problems))

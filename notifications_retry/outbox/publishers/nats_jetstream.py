@@ -16,7 +16,13 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from notifications_retry.outbox.publishers.base import Publisher, PublishError, event_body
+from notifications_retry.outbox.publishers.base import (
+    Publisher,
+    PublishError,
+    broker_client,
+    event_body,
+    refuse_bad_options,
+)
 from notifications_retry.outbox.publishers.event_loop import LoopThread
 
 DEFAULTS: dict[str, Any] = {
@@ -40,16 +46,8 @@ class NatsPublisher(Publisher):
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__({**DEFAULTS, **dict(options or {})})
-        problems = self.options_problems(self.options)
-        if problems:
-            raise ValueError("nats publisher: " + "; ".join(problems))
-        try:
-            import nats
-        except ImportError as exc:  # an optional dependency: say which extra brings it
-            raise ValueError(
-                "the nats publisher needs nats-py: pip install 'django-notifications-retry[nats]'"
-            ) from exc
-        self._nats = nats
+        refuse_bad_options("nats", self.options_problems(self.options))
+        self._nats: Any = broker_client("nats", publisher="nats", package="nats-py", extra="nats")
         servers = self.options["servers"]
         self.servers: list[str] = [servers] if isinstance(servers, str) else list(servers)
         self.ack_timeout = float(self.options["ack_timeout_seconds"])

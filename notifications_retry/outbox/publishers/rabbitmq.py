@@ -19,7 +19,13 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from notifications_retry.outbox.publishers.base import Publisher, PublishError, event_body
+from notifications_retry.outbox.publishers.base import (
+    Publisher,
+    PublishError,
+    broker_client,
+    event_body,
+    refuse_bad_options,
+)
 from notifications_retry.outbox.publishers.event_loop import LoopThread
 
 DEFAULTS: dict[str, Any] = {
@@ -42,16 +48,10 @@ class RabbitMQPublisher(Publisher):
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__({**DEFAULTS, **dict(options or {})})
-        problems = self.options_problems(self.options)
-        if problems:
-            raise ValueError("rabbitmq publisher: " + "; ".join(problems))
-        try:
-            import aio_pika
-        except ImportError as exc:  # an optional dependency: say which extra brings it
-            raise ValueError(
-                "the rabbitmq publisher needs aio-pika: pip install 'django-notifications-retry[rabbitmq]'"
-            ) from exc
-        self._aio_pika = aio_pika
+        refuse_bad_options("rabbitmq", self.options_problems(self.options))
+        self._aio_pika: Any = broker_client(
+            "aio_pika", publisher="rabbitmq", package="aio-pika", extra="rabbitmq"
+        )
         self.exchange_name: str = self.options["exchange"]
         self.connect_timeout = float(self.options["connect_timeout_seconds"])
         self.confirm_timeout = float(self.options["confirm_timeout_seconds"])
