@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-relay soak clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-relay soak faults clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -36,6 +36,13 @@ test: $(VENV)/.installed
 soak: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process --soak -m "process" $(PYTEST_ARGS)
+
+# Network faults between the worker and its servers (latency, loss, a partition) in network namespaces the
+# test makes on a veth pair: needs root; its own PostgreSQL cluster, so no DATABASE_URL is used by the scenario.
+faults: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	bash scripts/ensure-netns-tools
+	NR_FAULTS=1 DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/faults -m faults $(PYTEST_ARGS)
 
 # Throughput figures and their ratios, measured in one run on a dedicated database (nr_bench) of the
 # local server; BENCH_ARGS="--scale --memory" adds the 5 M-row claim and the 1 M-row RSS parts (slow).
