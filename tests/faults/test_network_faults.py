@@ -6,10 +6,11 @@ of a few thousand rows the link gets, one after the other: 200 ms of latency, 5 
 20-second partition (every packet dropped, both ways, silently), and is healed.
 
 Asserted: no row lost (every row Sent, one outbox event each, every key reached the receiver), the worker
-sends again after the partition heals without being restarted, and no session of the worker stays idle in
-transaction on the server longer than its bound (``TRANSACTION_TIMEOUT``). Printed: duplicate sends (by the
-fault in force when the repeat was sent), the time to resume after the heal, rows/s under each fault, the
-longest open transaction the server saw. ``make faults`` runs it (root, ``ip netns``; skipped otherwise).
+sends again after the partition heals without being restarted, and no transaction of the worker that holds
+locks, an xid or a snapshot stays idle on the server longer than its bound (``TRANSACTION_TIMEOUT``).
+Printed: duplicate sends (by the fault in force when the repeat was sent), the time to resume after the
+heal, rows/s under each fault, the longest idle transaction of any kind the server saw and its last
+statement. ``make faults`` runs it (root, ``ip netns``; skipped otherwise).
 """
 
 from __future__ import annotations
@@ -197,7 +198,9 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
     assert (events, event_keys) == (ROWS, ROWS)
     assert len(per_key) == ROWS, "every row reached the receiver"
     assert figures["resume after heal, first send (s)"] is not None
-    assert sampler.longest("idle_in_transaction") <= TRANSACTION_TIMEOUT + SAMPLING_SLACK, figures
+    # The bound is for transactions that hold something: row locks the monolith's updates would wait for,
+    # a snapshot that holds vacuum back. One stranded right after its BEGIN holds neither (printed above).
+    assert sampler.longest("idle_holding") <= TRANSACTION_TIMEOUT + SAMPLING_SLACK, figures
     assert exit_status == 0, output[-3000:]
 
 
@@ -257,9 +260,13 @@ def _figures(
         else round(first_commit - healed, 2),
         "drain after heal (s)": round(marks["drained"] - healed, 1),
         "longest idle in transaction, any phase (s)": round(sampler.longest("idle_in_transaction"), 2),
+        "longest idle in transaction holding locks, an xid or a snapshot (s)": round(
+            sampler.longest("idle_holding"), 2
+        ),
         "longest idle in transaction, partition (s)": round(
             sampler.longest("idle_in_transaction", {"partition", "healed"}), 2
         ),
+        "last statement of the session idle in transaction longest": sampler.longest_idle_query(),
         "oldest open transaction, any phase (s)": round(sampler.longest("oldest_transaction"), 2),
         "server ended an idle transaction (log lines)": server_log.count("idle-in-transaction timeout"),
         "worker log: tracebacks / lines": f"{output.count('Traceback')} / {output.count(chr(10))}",
