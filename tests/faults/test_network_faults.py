@@ -2,8 +2,8 @@
 
 The worker runs in a network namespace of its own; PostgreSQL (a throwaway cluster) and the webhook
 receiver run in a second one; a veth pair joins them and carries every packet between them. During a drain
-of a few thousand rows the link gets, one after the other: 200 ms of latency, 5 % random loss, then a
-20-second partition (every packet dropped, both ways, silently), and is healed.
+of a few thousand rows the link gets, one after the other: 5 % random loss, 200 ms of latency, then on top
+of the latency a 20-second partition (every packet dropped, both ways, silently), and is healed.
 
 Asserted: no row lost (every row Sent, one outbox event each, every key reached the receiver), the worker
 sends again after the partition heals without being restarted, and no transaction of the worker that holds
@@ -60,6 +60,12 @@ VALUES ('hook', true, 'webhook', 5, 'exponential', 1, 60, 10.0, 10, %s, now(), n
 NOT_SENT = "SELECT count(*) FROM notifications_retry_notificationentity WHERE status <> 'sent'"
 LEASED = "SELECT count(*) FROM notifications_retry_notificationentity WHERE claim_token IS NOT NULL"
 EVENTS = "SELECT count(*), count(DISTINCT key) FROM notifications_retry_outbox"
+#: A transaction of the worker that has written (it has an xid) and waits for the worker's next statement.
+OPEN_WRITE = """
+SELECT count(*) FROM pg_stat_activity
+WHERE client_addr = %s::inet AND state = 'idle in transaction' AND backend_xid IS NOT NULL
+"""
+OPEN_WRITE_WAIT = 15.0
 
 
 @pytest.fixture
@@ -150,12 +156,15 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
 
     try:
         wait_until(lambda: receiver.count() >= 100, 120, 0.1, "the worker sends through the clean link")
-        network.delay(LATENCY_MS)
-        enter("latency")
-        time.sleep(FAULT_SECONDS)
         network.loss(LOSS_PERCENT)
         enter("loss")
         time.sleep(FAULT_SECONDS)
+        # The partition falls while the latency is still in force: every statement's answer then takes
+        # 200 ms, so a transaction stays open long enough to be caught, and stranded, by the partition.
+        network.delay(LATENCY_MS)
+        enter("latency")
+        time.sleep(FAULT_SECONDS)
+        stranding = _await_open_write(cluster, network.worker.address)
         network.partition()
         enter("partition")
         with cluster.connect() as db:
@@ -190,6 +199,9 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
         events, event_keys = db.execute(EVENTS).fetchone() or (0, 0)
     figures = _figures(marks, sampler, requests, per_key, left, leased, cluster, output)
     figures["fault method"] = network.method
+    figures["a writing transaction open just before the partition / stranded by it"] = (
+        f"{stranding} / {sampler.longest('idle_holding', {'partition', 'healed'}) > 1.0}"
+    )
     figures["TRANSACTION_TIMEOUT_SECONDS given to the worker"] = settings.get("TRANSACTION_TIMEOUT_SECONDS")
     figures["worker exit status"] = exit_status
     print("\nnetwork fault figures:\n" + "\n".join(f"  {name}: {value}" for name, value in figures.items()))
@@ -202,6 +214,22 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
     # a snapshot that holds vacuum back. One stranded right after its BEGIN holds neither (printed above).
     assert sampler.longest("idle_holding") <= TRANSACTION_TIMEOUT + SAMPLING_SLACK, figures
     assert exit_status == 0, output[-3000:]
+
+
+def _await_open_write(cluster: NamespacedCluster, worker_address: str) -> bool:
+    """Wait (a few seconds at most) for a moment when the worker has a writing transaction open.
+
+    Partitioning then strands that transaction, which is what the bound is for; without it a partition
+    that falls between two transactions would test nothing. Returns whether such a moment came.
+    """
+    deadline = time.monotonic() + OPEN_WRITE_WAIT
+    with cluster.connect() as db:
+        while time.monotonic() < deadline:
+            row = db.execute(OPEN_WRITE, [worker_address]).fetchone()
+            if row and row[0]:
+                return True
+            time.sleep(0.002)
+    return False
 
 
 def _not_sent(cluster: NamespacedCluster) -> int:
@@ -237,7 +265,7 @@ def _figures(
         if request.key in seen:
             repeats[phase] = repeats.get(phase, 0) + 1
         seen.add(request.key)
-    order = ["clean", "latency", "loss", "partition", "healed"]
+    order = ["clean", "loss", "latency", "partition", "healed"]
     ends = {phase: marks.get(order[i + 1], marks["drained"]) for i, phase in enumerate(order[:-1])}
     ends["healed"] = marks["drained"]
     # The clean phase counts from the first request: the worker's start-up is not a rate of the link.

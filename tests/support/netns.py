@@ -157,13 +157,16 @@ class NetworkPair:
                 )
 
     def partition(self) -> None:
-        """Drop every packet both ways, silently: established connections hang, new ones get no answer."""
-        self.clear()
-        for side in (self.worker, self.servers):
+        """Drop every packet both ways, silently: established connections hang, new ones get no answer.
+
+        The servers' side first, and without clearing the fault before: from its first command on, nothing
+        the worker sends arrives, so a transaction open at the call is stranded as it is.
+        """
+        for side in (self.servers, self.worker):
             if self.netem:
                 self._netem(side, "loss", "100%")
             else:
-                self._inbound(side, "-j", "DROP")
+                side.run(IPTABLES, "-I", "INPUT", "1", "-i", side.device, "-j", "DROP")
 
     def clear(self) -> None:
         """Remove every fault: the link is clean again."""
