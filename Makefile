@@ -37,6 +37,13 @@ soak: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process --soak -m "process" $(PYTEST_ARGS)
 
+# Network faults between the worker and its servers (latency, loss, a partition) in network namespaces the
+# test makes on a veth pair: needs root; its own PostgreSQL cluster, so no DATABASE_URL is used by the scenario.
+faults: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	bash scripts/ensure-netns-tools
+	NR_FAULTS=1 DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/faults -m faults $(PYTEST_ARGS)
+
 # Throughput, WAL bytes and commits per notification against the lean ceiling, measured in one run on a
 # throwaway PostgreSQL cluster (--server url: the local server instead); BENCH_ARGS="--scale --memory"
 # adds the 5 M-row claim and the 1 M-row RSS parts (slow); BENCH_ARGS=--profile profiles a no-op drain.
