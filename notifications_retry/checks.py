@@ -221,6 +221,7 @@ def check_channels(
     """W002: channels whose configuration cannot send (their rows wait, like a disabled channel's).
 
     E007: channels with a number outside its documented range.
+    E008: channels whose fallback is itself, disabled, or part of a cycle.
     """
     from .models import ChannelConfig
 
@@ -244,6 +245,18 @@ def check_channels(
                     "docs/settings.md#channel-fields).",
                     obj=channel,
                     id="notifications_retry.E007",
+                )
+            )
+        fallback_problems = channel.fallback_problems()
+        if fallback_problems:
+            # Only possible past the admin's validation (a hand-written UPDATE, a fallback disabled later).
+            messages.append(
+                Error(
+                    f"channel {channel.key!r} has an unusable fallback: {'; '.join(fallback_problems)}",
+                    hint="The worker does not fail over to a disabled or unusable channel; fix the "
+                    "fallback in the admin (docs/providers.md#failover).",
+                    obj=channel,
+                    id="notifications_retry.E008",
                 )
             )
         try:

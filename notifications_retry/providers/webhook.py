@@ -18,7 +18,7 @@ import httpx
 from .. import __version__
 from ..exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
-from .http_transport import ConnectionPool, TransportError, check_header, run_sync
+from .http_transport import ConnectFailed, ConnectionPool, TransportError, check_header, run_sync
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -49,10 +49,11 @@ def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> S
         return SendResult(provider_message_id=_message_id(body))
     retry_after = parse_retry_after(headers.get("retry-after"))
     reason = f"webhook answered HTTP {status}"
+    # 429 and 503 refuse the request before processing it: nothing went out (failover may follow).
     if status == 429:
-        raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after)
+        raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after, ambiguous=False)
     if status == 503:
-        raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after)
+        raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after, ambiguous=False)
     if status == 408:
         raise RetryableProviderError(reason, kind="timeout")
     if status >= 500:
@@ -179,7 +180,12 @@ class WebhookProvider(Provider):
         try:
             response = await pool.request("POST", headers, body, timeout=self.timeout)
         except TransportError as exc:
-            raise RetryableProviderError(f"webhook {exc.kind} failure: {exc}", kind=exc.kind) from exc
+            # No connection (refused, unresolvable name): the request never left. Anything later may
+            # have reached the receiver, so it stays ambiguous.
+            unsent = isinstance(exc, ConnectFailed)
+            raise RetryableProviderError(
+                f"webhook {exc.kind} failure: {exc}", kind=exc.kind, ambiguous=not unsent
+            ) from exc
         return classify_response(response.status, response.headers, response.body)
 
     async def send_async(self, message: OutgoingMessage) -> SendResult:
