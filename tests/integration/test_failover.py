@@ -21,6 +21,7 @@ from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer
+from tests.support.smtp_server import ScriptedSMTPServer
 
 pytestmark = pytest.mark.django_db
 
@@ -136,6 +137,36 @@ def test_503_or_429_answered_before_processing_goes_to_the_fallback(
     (record,) = due(clock, primary)
     assert make_worker().tick().sent == 1
     assert webhook_server.keys() == [str(record.id)] and fallback_server.keys() == [str(record.id)]
+    assert event_of(record)["delivered_by"] == "sms-backup"
+
+
+def test_a_channel_paused_by_retry_after_sends_its_other_records_through_the_fallback(
+    clock, webhook_server, fallback_server, make_worker
+):
+    webhook_server.responder = lambda request: Reply(429, headers={"Retry-After": "30"})
+    primary, _ = channels(webhook_server.url, fallback_server.url)
+    records = due(clock, primary, 4)
+    with capture_logs() as logs:
+        assert make_worker().tick().sent == 4
+    assert len(webhook_server.requests) == 1  # paused after its first answer: not called again
+    assert sorted(fallback_server.keys()) == sorted(str(r.id) for r in records)
+    assert sorted(e["reason"] for e in logs if e["event"] == "item-failed-over") == ["throttled"] * 4
+
+
+def test_an_smtp_4xx_to_mail_from_fails_over_from_email_to_a_webhook(clock, fallback_server, make_worker):
+    smtp = ScriptedSMTPServer().start()
+    try:
+        options = {
+            "backend": "django.core.mail.backends.smtp.EmailBackend",
+            "backend_options": smtp.backend_options(),
+        }
+        primary, _ = channels("", fallback_server.url, provider_key="django_email", options=options)
+        payload = {"subject": "Your order", "body": "It shipped.", "from": "mail451@example.com"}
+        (record,) = due(clock, primary, recipient="ann@example.com", payload=payload)
+        assert make_worker().tick().sent == 1
+    finally:
+        smtp.stop()
+    assert fallback_server.keys() == [str(record.id)]
     assert event_of(record)["delivered_by"] == "sms-backup"
 
 
