@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 from datetime import timedelta
 
 import jsonschema
@@ -281,3 +282,48 @@ def test_a_disabled_fallback_is_not_used(clock, fallback_server, make_worker):
         assert make_worker().tick().retried == 1
     assert fallback_server.requests == []
     assert any(e["event"] == "channel-fallback-unusable" and e["reason"] == "disabled" for e in logs)
+
+
+def test_an_in_app_fallback_delivers_when_the_webhook_is_down(clock, make_worker):
+    inbox = ChannelFactory(key="inbox", provider_key="in_app")
+    primary = ChannelFactory(
+        key="push", provider_key="webhook", options={"url": closed_port_url()}, max_attempts=3, fallback=inbox
+    )
+    (record,) = due(clock, primary)
+    assert make_worker().tick().sent == 1
+    record.refresh_from_db()
+    assert (record.status, record.provider_message_id) == (Status.SENT, f"in_app:{record.id}")
+    assert event_of(record)["delivered_by"] == "inbox"
+
+
+def test_after_the_cool_down_one_probe_goes_to_the_primary_and_closes_its_circuit(
+    clock, settings, webhook_server, fallback_server, make_worker
+):
+    settings.NOTIFICATIONS_RETRY = {
+        "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+        "CIRCUIT_FAILURE_THRESHOLD": 1,
+        "CIRCUIT_COOLDOWN_SECONDS": 1.0,
+    }
+    down = {"on": True}
+    webhook_server.responder = lambda request: Reply(503) if down["on"] else Reply(200, {"id": "own"})
+    primary, _ = channels(webhook_server.url, fallback_server.url)
+    due(clock, primary, 3)
+    worker = make_worker()
+    assert worker.tick().sent == 3
+    assert (len(webhook_server.requests), len(fallback_server.requests)) == (1, 3)
+
+    down["on"] = False
+    later = due(clock, primary, 3)
+    time.sleep(1.05)
+    with capture_logs() as logs:
+        assert worker.tick().sent == 3
+    assert [e["event"] for e in logs if e["event"].startswith("circuit-")][:2] == [
+        "circuit-half-open",
+        "circuit-closed",
+    ]
+    # The probe went to the primary; once it closed, its own provider sent the rest.
+    assert len(webhook_server.requests) == 1 + 3 and len(fallback_server.requests) == 3
+    for record in later:
+        record.refresh_from_db()
+        assert record.provider_message_id == "own"
+        assert "delivered_by" not in event_of(record)
