@@ -223,6 +223,9 @@ def check_channels(
 
     Runs on plain ``check`` too (``databases`` None): it reads the ``default`` database when it can
     and says so (W006) when it cannot; silent until the tables exist (``migrate`` checks first).
+
+    E007: channels with a number outside its documented range.
+    E008: channels whose fallback is itself, disabled, or part of a cycle.
     """
     from .models import ChannelConfig
 
@@ -264,6 +267,18 @@ def _channel_messages(channel: Any) -> list[CheckMessage]:
                 "docs/settings.md#channel-fields).",
                 obj=channel,
                 id="notifications_retry.E007",
+            )
+        )
+    fallback_problems = channel.fallback_problems()
+    if fallback_problems:
+        # Only possible past the admin's validation (a hand-written UPDATE, a fallback disabled later).
+        messages.append(
+            Error(
+                f"channel {channel.key!r} has an unusable fallback: {'; '.join(fallback_problems)}",
+                hint="The worker does not fail over to a disabled or unusable channel; fix the "
+                "fallback in the admin (docs/providers.md#failover).",
+                obj=channel,
+                id="notifications_retry.E008",
             )
         )
     try:

@@ -33,11 +33,18 @@ def dispatched_payload(
     error: str | None,
     error_kind: str | None,
     occurred_at: datetime,
+    delivered_by: str | None = None,
 ) -> dict[str, Any]:
-    """The event body (schema: ``schemas/notification_dispatched.v1.json``)."""
+    """The event body (schema: ``schemas/notification_dispatched.v1.json``).
+
+    ``delivered_by`` names the fallback channel that delivered a Sent notification after its own
+    channel refused it (a failover); it is an optional addition to contract v1, present only then.
+    """
     if status not in (SENT, FAILED):
         raise ValueError(f"dispatched events carry status Sent or Failed, got {status!r}")
-    return {
+    if delivered_by is not None and status != SENT:
+        raise ValueError("only a Sent event names the channel that delivered it")
+    payload = {
         "notification_id": str(notification_id),
         "tenant_id": str(tenant_id) if tenant_id else None,
         "channel": channel,
@@ -49,6 +56,9 @@ def dispatched_payload(
         "occurred_at": occurred_at.isoformat(),
         "contract_version": CONTRACT_VERSION,
     }
+    if delivered_by is not None:
+        payload["delivered_by"] = delivered_by
+    return payload
 
 
 def dispatched_event(*, generation: int, created_at: datetime, **payload_fields: Any) -> Outbox:

@@ -82,6 +82,16 @@ class ChannelConfig(models.Model):
         default=10, validators=range_validators(bounds.MAX_CONCURRENCY)
     )
     options = models.JSONField(default=dict, blank=True, help_text='Provider options, e.g. {"url": …}.')
+    # Deleting the fallback channel only ends the failover: the primary keeps sending on its own.
+    fallback = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="fallback_for",
+        help_text="When this channel's provider refuses an attempt before processing it (connection "
+        "refused, 429/503, circuit open), the same attempt goes to this channel's provider. Empty: none.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -100,6 +110,7 @@ class ChannelConfig(models.Model):
                 "nr_channel_backoff_cap_gte_base",
             ),
             check_constraint(Q(retry_backoff__in=["fixed", "exponential"]), "nr_channel_backoff_valid"),
+            check_constraint(~Q(fallback=models.F("pk")), "nr_channel_fallback_not_itself"),
         ]
 
     def __str__(self) -> str:
@@ -138,8 +149,36 @@ class ChannelConfig(models.Model):
             problems.append("backoff_cap_seconds must be at least backoff_base_seconds")
         return problems
 
+    def fallback_problems(self) -> list[str]:
+        """What is wrong with the fallback: itself, missing, disabled, or part of a cycle."""
+        if self.fallback_id is None:
+            return []
+        if self.pk is not None and self.fallback_id == self.pk:
+            return ["a channel cannot be its own fallback"]
+        fallback = ChannelConfig.objects.filter(pk=self.fallback_id).first()
+        if fallback is None:
+            return [f"fallback channel #{self.fallback_id} does not exist"]
+        problems = [] if fallback.is_enabled else [f"fallback channel {fallback.key!r} is disabled"]
+        # Walk the chain as the database holds it, starting from this channel's new fallback; meeting a
+        # channel already on the chain again is a cycle (also one written past this validation).
+        on_chain = {self.pk} if self.pk is not None else set()
+        chain = [self.key]
+        current: ChannelConfig | None = fallback
+        while current is not None:
+            if current.pk in on_chain:
+                problems.append("fallback channels form a cycle: " + " → ".join([*chain, current.key]))
+                break
+            on_chain.add(current.pk)
+            chain.append(current.key)
+            next_id = current.fallback_id
+            current = ChannelConfig.objects.filter(pk=next_id).first() if next_id is not None else None
+        return problems
+
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
+        fallback_problems = self.fallback_problems()
+        if fallback_problems:
+            errors["fallback"] = fallback_problems
         if (
             self.backoff_cap_seconds is not None
             and self.backoff_base_seconds is not None

@@ -64,6 +64,9 @@ class Failure:
     retriable: bool
     #: Seconds the provider asked to wait (Retry-After), already clamped by the provider.
     retry_after: float | None = None
+    #: Whether the message may be out all the same (see ``ProviderError.ambiguous``): only an
+    #: unambiguous failure may be handed to a fallback channel.
+    ambiguous: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +93,8 @@ class Outcome:
     #: Seconds the provider asked to wait (Retry-After), and whether the failure was temporary.
     retry_after: float | None = None
     retriable: bool = False
+    #: Whether the failure may have delivered all the same (False only when nothing can be out).
+    ambiguous: bool = True
     #: The channel whose provider delivered it, when not the record's own (a failover).
     delivered_by: str | None = None
 
@@ -132,10 +137,10 @@ def decide(
 
 
 def failure_of(exc: BaseException) -> Failure:
-    """What a provider's exception says (SPEC §5): a ProviderError keeps its kind, retriability and
-    Retry-After; anything else is a retriable ``provider_crash`` with the error kept."""
+    """What a provider's exception says (SPEC §5): a ProviderError keeps its kind, retriability,
+    Retry-After and ambiguity; anything else is a retriable, ambiguous ``provider_crash``."""
     if isinstance(exc, ProviderError):
-        return Failure(exc.kind, str(exc), exc.retriable, exc.retry_after)
+        return Failure(exc.kind, str(exc), exc.retriable, exc.retry_after, ambiguous=exc.ambiguous)
     return Failure(PROVIDER_CRASH, f"{type(exc).__name__}: {exc}", retriable=True)
 
 
@@ -180,6 +185,7 @@ def outcome_of(
         duration_ms=duration_ms,
         retry_after=failure.retry_after if failure else None,
         retriable=failure.retriable if failure else False,
+        ambiguous=failure.ambiguous if failure else True,
         delivered_by=delivered_by,
     )
 

@@ -48,6 +48,7 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
             "rate_limit_per_second",
             "max_concurrency",
             "options",
+            "fallback",
         )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -60,6 +61,10 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
             if self.stored_secret
             else "No secret stored. Type one to set it; it is never shown again."
         )
+        if "fallback" in self.fields and self.instance.pk is not None:
+            # Offering the channel itself would only lead to an error (clean() refuses it).
+            field = self.fields["fallback"]
+            field.queryset = ChannelConfig.objects.exclude(pk=self.instance.pk)  # type: ignore[attr-defined]
         self.fields["options"].help_text = (
             'Provider options as JSON, e.g. {"url": "https://hooks.example.com/notify"}. '
             "The secret goes in its own field below."
@@ -114,6 +119,7 @@ class ChannelConfigAdmin(ChannelAdminBase):
         ),
         ("Limits", {"fields": ("timeout_seconds", "rate_limit_per_second", "max_concurrency")}),
         ("Provider", {"fields": ("options", "secret", "clear_secret")}),
+        ("Failover", {"fields": ("fallback",)}),
         ("Dates", {"fields": ("created_at", "updated_at")}),
     )
 

@@ -136,6 +136,8 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                     "error_kind": o.error_kind or None,
                     "error": error[:300] or None,
                     "duration_ms": round(o.duration_ms, 1),
+                    # A failover: the fallback channel whose provider delivered this attempt.
+                    **({"delivered_by": o.delivered_by} if o.delivered_by else {}),
                 },
             }
         )
@@ -164,6 +166,7 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                             error=(o.error or None) if o.result != SENT else None,
                             error_kind=o.error_kind if o.result != SENT else None,
                             occurred_at=now,
+                            delivered_by=o.delivered_by if o.result == SENT else None,
                         ),
                     }
                 )

@@ -78,6 +78,8 @@ class ChannelRuntime:
             on_change=functools.partial(_circuit_changed, config.key),
         )
         self.paused_until = 0.0
+        #: The fallback channel's runtime when it is usable in this lane this tick (engine.failover).
+        self.fallback: ChannelRuntime | None = None
         self.inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
         self.exhausted = False
@@ -90,26 +92,38 @@ class ChannelRuntime:
 
     @property
     def inline(self) -> bool:
-        return bool(self.provider.inline)
+        # A channel that may fail over is sent from the send loop: a fallback call must never run on
+        # the worker's thread, nor inside a claim's transaction.
+        return bool(self.provider.inline) and self.fallback is None
 
     @property
     def key(self) -> str:
         return self.config.key
 
     def lease_seconds(self, conf: RetrySettings) -> float:
-        """Long enough for the round queued ahead of a record and its own call, plus a grace period."""
+        """Long enough for the round queued ahead of a record and its own call, plus a grace period.
+
+        With a fallback, a call may be followed by the fallback's: the lease covers both, so a failover
+        never outlives its record's lease (a late outcome would be discarded and the row sent again).
+        """
         timeout = float(self.config.timeout_seconds)
+        if self.fallback is not None:
+            timeout += float(self.fallback.config.timeout_seconds)
         return (QUEUE_ROUNDS + 1) * timeout + RATE_HORIZON_SECONDS + conf.LEASE_GRACE_SECONDS
 
     def capacity(self, now_mono: float, chunk: int) -> int:
         """How many more records to claim for this channel now (0: none)."""
-        if self.exhausted or now_mono < self.paused_until:
+        if self.exhausted:
             return 0
+        if now_mono < self.paused_until:
+            return self._fallback_capacity(now_mono)
         if self.inline:
             wanted = chunk - len(self.queue)
         else:
             wanted = (QUEUE_ROUNDS + 1) * self.max_concurrency - self.inflight - len(self.queue)
         wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
+        if self.bypassed(now_mono):
+            return self._fallback_capacity(now_mono)
         depth = wanted + len(self.queue)
         if self.limiter.limited:
             startable = self.limiter.available_within(now_mono, RATE_HORIZON_SECONDS)
@@ -121,13 +135,52 @@ class ChannelRuntime:
             return 0
         return max(0, wanted)
 
+    def bypassed(self, now_mono: float) -> bool:
+        """Whether this channel's provider must not be called now: paused by the provider's Retry-After,
+        circuit open, or half open with its one probe out. A channel with a fallback then sends through it."""
+        if now_mono < self.paused_until:
+            return True
+        breaker = self.breaker
+        if breaker.state == breaker.HALF_OPEN:
+            return breaker.probe_in_flight
+        return breaker.state == breaker.OPEN
+
+    def _fallback_capacity(self, now_mono: float) -> int:
+        """Records to claim for sending straight through the fallback: one round of its free slots."""
+        fallback = self.fallback
+        if fallback is None or not fallback.accepts_failover(now_mono):
+            return 0
+        free = fallback.max_concurrency - fallback.inflight - len(self.queue)
+        if fallback.limiter.limited:
+            startable = fallback.limiter.available_within(now_mono, RATE_HORIZON_SECONDS)
+            free = min(free, startable - len(self.queue))
+        return max(0, free)
+
+    def accepts_failover(self, now_mono: float) -> bool:
+        """Whether this channel, as a fallback, may be given other channels' attempts at all now: not
+        paused, circuit not open (half open: only when its probe is not taken yet)."""
+        if now_mono < self.paused_until:
+            return False
+        # Half open: the failover call becomes the probe, unless the channel's own probe is out or queued.
+        return self.breaker.capacity(now_mono, 1, queued=len(self.queue)) > 0
+
+    def can_take_failover(self, now_mono: float) -> bool:
+        """Whether a failover call may start on this (fallback) channel right now: accepted, a rate slot
+        ready, a concurrency slot free."""
+        return (
+            self.accepts_failover(now_mono)
+            and self.limiter.ready(now_mono)
+            and self.inflight < self.max_concurrency
+        )
+
     def begin(self, now_mono: float) -> None:
         """A send starts now: spend a rate-limit slot, and count a half-open circuit's probe."""
         self.limiter.take(now_mono)
         self.breaker.started()
 
     def can_start(self, now_mono: float) -> bool:
-        if now_mono < self.paused_until or not self.limiter.ready(now_mono):
+        """Whether a send on this channel's own provider may start now."""
+        if self.bypassed(now_mono) or not self.limiter.ready(now_mono):
             return False
         return self.inline or self.inflight < self.max_concurrency
 
@@ -159,9 +212,8 @@ class ChannelSet:
 
     def load(self, now: datetime, bound: Any) -> tuple[dict[int, ChannelRuntime], dict[str, int]]:
         """Usable channels of this lane, and how many due rows wait on each unusable one (by key)."""
-        configs = list(ChannelConfig.objects.all())
-        if self.channels is not None:
-            configs = [c for c in configs if c.key in self.channels]
+        every = list(ChannelConfig.objects.all())
+        configs = every if self.channels is None else [c for c in every if c.key in self.channels]
         usable: dict[int, ChannelRuntime] = {}
         unusable: dict[int, tuple[ChannelConfig, str]] = {}
         for config in configs:
@@ -176,8 +228,38 @@ class ChannelSet:
         for pk in set(self.runtimes) - set(usable):
             self.runtimes.pop(pk).provider.close()
             self._fingerprints.pop(pk, None)
+        self._link_fallbacks(usable, {c.pk: c for c in every}, bound)
         waiting = self._report_unusable(unusable, now, bound) if unusable else {}
         return usable, waiting
+
+    def _link_fallbacks(
+        self, usable: dict[int, ChannelRuntime], every: Mapping[int, ChannelConfig], bound: Any
+    ) -> None:
+        """Give each channel its fallback's runtime when that channel is usable here; say why not otherwise.
+
+        One hop only: a fallback's own fallback is never used for another channel's attempt.
+        """
+        for rt in usable.values():
+            fallback_id = rt.config.fallback_id
+            rt.fallback = usable.get(fallback_id) if fallback_id not in (None, rt.config.pk) else None
+            if rt.fallback is not None:
+                metrics.precreate_series([], [], [], failovers=[(rt.key, rt.fallback.key)])
+            elif fallback_id is not None:
+                target = every.get(fallback_id)
+                if target is None or fallback_id == rt.config.pk:
+                    reason = "not a valid channel"
+                elif not target.is_enabled:
+                    reason = "disabled"
+                elif self.channels is not None and target.key not in self.channels:
+                    reason = f"not served by lane {self.lane!r}"
+                else:
+                    reason = "misconfigured"
+                bound.warning(
+                    "channel-fallback-unusable",
+                    channel=rt.key,
+                    fallback=target.key if target is not None else fallback_id,
+                    reason=reason,
+                )
 
     def _runtime(self, config: ChannelConfig) -> ChannelRuntime:
         fingerprint = channel_fingerprint(config)

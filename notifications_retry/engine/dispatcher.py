@@ -5,7 +5,8 @@ commits outcomes through the :class:`~.completer.Completer`; the send loop's thr
 calls. A finished call feeds its channel's flow control and starts the channel's next queued record
 itself, under one lock, so a slot never waits for the worker's thread while that thread claims or
 commits. Records a channel can no longer send (its circuit opened, the provider asked it to wait)
-are handed back to the worker's thread, which gives them back or reschedules them.
+are handed back to the worker's thread, which gives them back or reschedules them — unless the channel
+has a fallback that can take them (engine.failover).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from notifications_retry.delivery import ChannelClaim, claim_due, release
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.executor import Executor
+from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.locks import AdvisoryLock
@@ -43,14 +45,13 @@ CALLS_DRAIN_GRACE_SECONDS = 0.5
 
 
 class Finished:
-    """A call that ended: its outcome, and the channel's queued records it could no longer send."""
+    """A call that ended: its outcome, and the queued records its channels could no longer send
+    (the primary's and, after a failover, the fallback's)."""
 
-    __slots__ = ("at", "outcome", "returned", "rt")
+    __slots__ = ("outcome", "returns")
 
-    def __init__(
-        self, rt: ChannelRuntime, outcome: Outcome, returned: list[ClaimedRecord], at: float
-    ) -> None:
-        self.rt, self.outcome, self.returned, self.at = rt, outcome, returned, at
+    def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
+        self.outcome, self.returns = outcome, returns
 
 
 class FlowFeedback:
@@ -79,11 +80,12 @@ class FlowFeedback:
             self.bound.warning(
                 "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)
             )
-            return _take_queue(rt)
+            # A channel with a fallback keeps its queue: the fallback sends it, or it is handed back then.
+            return _take_queue(rt) if rt.fallback is None else []
         if not outcome.retriable:
             rt.breaker.neutral()
             return []
-        if rt.breaker.failure(now_mono) == rt.breaker.OPEN:
+        if rt.breaker.failure(now_mono) == rt.breaker.OPEN and rt.fallback is None:
             # Records claimed but not started keep their attempt budget through the cool-down: they
             # are given back instead of being sent into an outage.
             return _take_queue(rt)
@@ -132,6 +134,7 @@ class Dispatcher:
         #: Set when the tick stopped waiting for calls that outlived every bound.
         self.abandoned = False
         self.feedback = FlowFeedback(conf, monotonic, None)
+        self.failover = Failover(executor, self.feedback, self.lock, monotonic)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -301,7 +304,12 @@ class Dispatcher:
                 self.completer.add(outcomes)
                 continue
             started: list[ClaimedRecord] = []
+            rerouted: list[Rerouted] = []
+            given_back: list[ClaimedRecord] = []
             with self.lock:
+                if rt.fallback is not None and rt.queue:
+                    rerouted, given_back = self.failover.reroute(rt)
+                    self.running += len(rerouted)
                 while rt.queue and rt.can_start(self.monotonic()):
                     started.append(rt.queue.popleft())
                     rt.begin(self.monotonic())
@@ -309,6 +317,10 @@ class Dispatcher:
                     self.running += 1
             if started:
                 self.send_loop().spawn(self._slot(rt, record) for record in started)
+            if rerouted:
+                self.send_loop().spawn(self._rerouted(rt, item) for item in rerouted)
+            if given_back:
+                self._give_back(rt, given_back)
 
     def _send_inline(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome:
         """Send on this thread (an inline provider); its outcome and any records it defers go to ``out``."""
@@ -326,19 +338,45 @@ class Dispatcher:
             )
         return outcome
 
+    def _give_back(self, rt: ChannelRuntime, records: list[ClaimedRecord]) -> None:
+        """Queued records of a channel that can neither call its provider nor its fallback now."""
+        at = self.monotonic()
+        if at < rt.paused_until:
+            self.completer.add(self._deferred(rt, record, at) for record in records)
+        else:
+            log.info(
+                "records-released",
+                count=release(records),
+                reason="circuit open and the fallback cannot take them",
+            )
+
+    async def _rerouted(self, rt: ChannelRuntime, item: Rerouted) -> None:
+        """A record sent straight through its channel's fallback (the channel must not be called now)."""
+        outcome, returned = await self.failover.send(rt, item.fallback, item.record, item.why)
+        with self.lock:
+            self.running -= 1
+            self.done.put(Finished(outcome, [returned]))
+
     async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
         """One concurrency slot of a channel: send, then keep it busy with the channel's next record."""
         while True:
             outcome = await self.executor.send_async(rt, record)
+            returns: list[Returned] = []
+            if rt.fallback is not None and eligible(outcome):
+                # The primary's answer feeds the primary's flow control, whatever the fallback does.
+                with self.lock:
+                    at = self.monotonic()
+                    returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
+                    fallback = self.failover.reserve(rt, at)
+                if fallback is not None:
+                    outcome, returned = await self.failover.send(rt, fallback, record, outcome)
+                    returns.append(returned)
             with self.lock:
                 at = self.monotonic()
-                try:
-                    returned = self.feedback.account(rt, outcome, at)
-                except Exception as exc:  # flow control must never lose an outcome or a slot's count
-                    log.error("flow-control-failed", channel=rt.key, error=f"{type(exc).__name__}: {exc}")
-                    returned = []
+                if not returns:
+                    returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
                 self.running -= 1
-                self.done.put(Finished(rt, outcome, returned, at))
+                self.done.put(Finished(outcome, returns))
                 if not self.stopping() and rt.queue and rt.can_start(self.monotonic()):
                     record = rt.queue.popleft()
                     rt.begin(self.monotonic())
@@ -346,6 +384,14 @@ class Dispatcher:
                     continue
                 rt.inflight -= 1
                 return
+
+    def _account(self, rt: ChannelRuntime, outcome: Outcome, at: float) -> list[ClaimedRecord]:
+        """Flow-control feedback that never loses an outcome or a slot's count (the caller holds the lock)."""
+        try:
+            return self.feedback.account(rt, outcome, at)
+        except Exception as exc:
+            log.error("flow-control-failed", channel=rt.key, error=f"{type(exc).__name__}: {exc}")
+            return []
 
     def collect(self, timeout: float, batch_delay: float, bound: Any) -> None:
         """Hand finished calls to the completer, waiting up to ``timeout`` for the first one."""
@@ -365,12 +411,13 @@ class Dispatcher:
         give_back: list[ClaimedRecord] = []
         for item in finished:
             outcomes.append(item.outcome)
-            if not item.returned:
-                continue
-            if throttles(item.outcome):
-                outcomes.extend(self._deferred(item.rt, r, item.at) for r in item.returned)
-            else:
-                give_back.extend(item.returned)
+            for returned in item.returns:
+                if not returned.records:
+                    continue
+                if throttles(returned.cause):
+                    outcomes.extend(self._deferred(returned.rt, r, returned.at) for r in returned.records)
+                else:
+                    give_back.extend(returned.records)
         self.completer.add(outcomes)
         if give_back:
             bound.info(

@@ -33,6 +33,14 @@ CHANNEL_DISABLED = Counter(
     "Due records left waiting because their channel is disabled or misconfigured.",
     ["channel"],
 )
+FAILOVERS = Counter(
+    "notifications_retry_failovers_total",
+    "Attempts a channel's provider refused unambiguously (or could not take: circuit open, paused) and that "
+    "went to its fallback channel, by whether the fallback delivered them (outcome sent / failed).",
+    ["channel", "fallback", "outcome"],
+)
+#: The outcome label values of ``notifications_retry_failovers_total``.
+FAILOVER_OUTCOMES = ("sent", "failed")
 FAILED_BACKLOG = Gauge("notifications_failed_backlog_gauge", "Failed records waiting for a retry.")
 DUE_BACKLOG = Gauge("notifications_retry_due_backlog", "Records due now.")
 OLDEST_DUE_AGE = Gauge("notifications_retry_oldest_due_age_seconds", "Age of the oldest due record (lag).")
@@ -105,6 +113,7 @@ BUILTIN_ERROR_KINDS = (
     "backend_config",
     "backend_error",
     "dns",
+    "circuit_open",
     "not_sent",
     "recipients_refused",
     "smtp_4xx",
@@ -114,14 +123,20 @@ BUILTIN_ERROR_KINDS = (
 )
 
 
-def precreate_series(channels: Iterable[str], error_kinds: Iterable[str], lanes: Iterable[str]) -> None:
+def precreate_series(
+    channels: Iterable[str],
+    error_kinds: Iterable[str],
+    lanes: Iterable[str],
+    failovers: Iterable[tuple[str, str]] = (),
+) -> None:
     """Create every labelled counter series of ``channels`` x ``error_kinds`` (and of ``lanes``) at zero.
 
     Call it at worker start, before the first tick: a counter whose series first appears already at N
     (a first batch of dead letters, the first batch after a restart) shows no ``increase()``, so
     ``NotificationsTerminalFailuresSpike`` would miss it. Existing values are left alone. Timestamp and
     duration gauges are not created: a zero there would read as "last tick in 1970"; the circuit gauge
-    starts at 0 (closed), as a new breaker does.
+    starts at 0 (closed), as a new breaker does. ``failovers`` are (channel, fallback) pairs: their
+    ``notifications_retry_failovers_total`` series start at zero too.
     """
     kinds = list(dict.fromkeys(error_kinds))
     for channel in dict.fromkeys(channels):
@@ -133,6 +148,9 @@ def precreate_series(channels: Iterable[str], error_kinds: Iterable[str], lanes:
             RETRIED.labels(channel, kind)
             TERMINAL_FAILED.labels(channel, kind)
         CIRCUIT_STATE.labels(channel)
+    for channel, fallback in dict.fromkeys(failovers):
+        for outcome in FAILOVER_OUTCOMES:
+            FAILOVERS.labels(channel, fallback, outcome)
     for lane in dict.fromkeys(lanes):
         CYCLE_DURATION.labels(lane)
         LOCK_HELD.labels(lane)

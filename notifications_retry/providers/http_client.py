@@ -88,6 +88,10 @@ class ConnectFailed(TransportError):
     kind = "connection"
 
 
+class NeverConnected(ConnectFailed):
+    """No connection could be opened (refused, unresolvable): the request certainly never left."""
+
+
 class RequestTimeout(TransportError):
     kind = "timeout"
 
@@ -288,7 +292,7 @@ class HttpClient:
             refused = _refusal(exc)
             if refused is not None:
                 raise UrlRefused(f"connection to {refused.address} refused: {refused.reason}") from exc
-            raise ConnectFailed(f"cannot connect: {exc}") from exc
+            raise NeverConnected(f"cannot connect: {exc}") from exc
         except (aiohttp.InvalidURL, ValueError) as exc:
             raise InvalidRequest(f"request cannot be sent: {exc}") from exc
         except aiohttp.ClientResponseError as exc:

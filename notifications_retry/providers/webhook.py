@@ -18,7 +18,7 @@ from .. import __version__, url_policy
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
-from .http_client import HttpClient, TransportError, check_header, run_sync
+from .http_client import HttpClient, NeverConnected, TransportError, check_header, run_sync
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -89,12 +89,14 @@ def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> S
     if 200 <= status < 300:
         return SendResult(provider_message_id=_message_id(body))
     reason = f"webhook answered HTTP {status}"
+    # 429 and 503 refuse the request before processing it: nothing went out (failover may follow).
     if status == 429:
         retry_after = parse_retry_after(headers.get("retry-after"))
-        raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after)
+        # Answered before processing: nothing was delivered, another provider may be tried.
+        raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after, ambiguous=False)
     if status == 503:
         retry_after = parse_retry_after(headers.get("retry-after"))
-        raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after)
+        raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after, ambiguous=False)
     if status == 408:
         raise RetryableProviderError(reason, kind="timeout")
     if status >= 500:
@@ -252,7 +254,12 @@ class WebhookProvider(Provider):
                 response = await client.request("POST", headers, body, timeout=self.timeout)
             except TransportError as exc:
                 error = RetryableProviderError if exc.retriable else PermanentProviderError
-                raise error(f"webhook {exc.kind} failure: {exc}", kind=exc.kind) from exc
+                # No connection (refused, unresolvable name): the request never left. Anything later
+                # may have reached the receiver, so it stays ambiguous.
+                unsent = isinstance(exc, NeverConnected)
+                raise error(
+                    f"webhook {exc.kind} failure: {exc}", kind=exc.kind, ambiguous=not unsent
+                ) from exc
             return classify_response(response.status, response.headers, response.body)
         except ProviderError:
             raise

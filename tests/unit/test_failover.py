@@ -1,0 +1,100 @@
+"""Failover's rules without a network: which failures may go to a fallback, and its flow control respected."""
+
+from __future__ import annotations
+
+import threading
+
+from notifications_retry.conf import get_settings
+from notifications_retry.engine.dispatcher import FlowFeedback
+from notifications_retry.engine.failover import CIRCUIT_OPEN, Failover, eligible, not_called
+from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
+from notifications_retry.outcomes import RETRY, SENT, THROTTLED, Outcome, failure_of
+from tests.unit.test_dispatcher_capacity import CHUNK, Log, Mono, record, runtime
+
+
+def pair(fallback_concurrency: int = 2):
+    primary, fallback = runtime(max_concurrency=1), runtime(max_concurrency=fallback_concurrency)
+    primary.fallback = fallback
+    return primary, fallback
+
+
+def failover(mono: Mono) -> Failover:
+    return Failover(None, FlowFeedback(get_settings(), mono, Log()), threading.Lock(), mono)  # type: ignore[arg-type]
+
+
+def open_circuit(rt, now: float) -> None:
+    for _ in range(get_settings().CIRCUIT_FAILURE_THRESHOLD):
+        rt.breaker.failure(now)
+    assert rt.breaker.is_open
+
+
+def test_only_temporary_unambiguous_failures_may_fail_over():
+    refused = failure_of(RetryableProviderError("refused", kind="connection", ambiguous=False))
+    timed_out = failure_of(RetryableProviderError("no answer", kind="timeout"))
+    invalid = failure_of(PermanentProviderError("bad number", kind="http_4xx", ambiguous=False))
+    assert not refused.ambiguous and timed_out.ambiguous
+    assert eligible(Outcome(record(), RETRY, retriable=True, ambiguous=refused.ambiguous))
+    assert not eligible(Outcome(record(), RETRY, retriable=True, ambiguous=True))
+    assert not eligible(Outcome(record(), "terminal", retriable=invalid.retriable, ambiguous=False))
+    assert not eligible(Outcome(record(), SENT, ambiguous=False))
+    assert failure_of(ValueError("crash")).ambiguous  # an unknown error may have delivered
+
+
+def test_a_fallback_is_reserved_only_within_its_circuit_pause_and_concurrency():
+    mono = Mono()
+    primary, fallback = pair(fallback_concurrency=1)
+    route = failover(mono)
+    assert route.reserve(primary, mono.now) is fallback and fallback.inflight == 1
+    assert route.reserve(primary, mono.now) is None  # its one slot is taken
+    fallback.inflight = 0
+    fallback.paused_until = mono.now + 5
+    assert route.reserve(primary, mono.now) is None
+    fallback.paused_until = 0.0
+    open_circuit(fallback, mono.now)
+    assert route.reserve(primary, mono.now) is None
+    assert route.reserve(runtime(), mono.now) is None  # no fallback at all
+
+
+def test_a_bypassed_channel_claims_what_its_fallback_can_take_and_reroutes_its_queue():
+    mono = Mono()
+    primary, fallback = pair(fallback_concurrency=3)
+    open_circuit(primary, mono.now)
+    assert primary.bypassed(mono.now) and not primary.can_start(mono.now)
+    assert primary.capacity(mono.now, CHUNK) == 3
+    primary.queue.extend(record() for _ in range(4))
+    rerouted, given_back = failover(mono).reroute(primary)
+    assert len(rerouted) == 3 and len(primary.queue) == 1 and given_back == []
+    assert all(item.fallback is fallback and item.why.kind == CIRCUIT_OPEN for item in rerouted)
+    # The fallback's circuit opens too: what is left is given back, not held.
+    open_circuit(fallback, mono.now)
+    assert primary.capacity(mono.now, CHUNK) == 0
+    left = primary.queue[0]
+    assert failover(mono).reroute(primary) == ([], [left]) and not primary.queue
+
+
+def test_without_a_fallback_an_open_circuit_claims_nothing():
+    mono = Mono()
+    rt = runtime()
+    open_circuit(rt, mono.now)
+    assert rt.capacity(mono.now, CHUNK) == 0
+
+
+def test_a_paused_channel_with_a_fallback_keeps_its_queue_for_it():
+    mono = Mono()
+    primary, _ = pair()
+    primary.queue.extend(record() for _ in range(2))
+    feedback = FlowFeedback(get_settings(), mono, Log())
+    throttled = Outcome(
+        record(), RETRY, error_kind=THROTTLED, retriable=True, retry_after=30, ambiguous=False
+    )
+    assert feedback.account(primary, throttled) == [] and len(primary.queue) == 2
+    assert primary.bypassed(mono.now)
+    why = not_called(primary, mono.now)
+    assert (why.kind, why.retry_after, why.ambiguous) == (THROTTLED, 30, False)
+
+
+def test_the_lease_covers_the_primarys_call_and_the_fallbacks():
+    primary, fallback = pair()
+    alone = runtime().lease_seconds(get_settings())
+    assert primary.lease_seconds(get_settings()) > alone + float(fallback.config.timeout_seconds)
+    assert not primary.inline  # sent from the send loop, never inside a claim
