@@ -8,7 +8,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,example,dev,otel]'
+	$(VENV)/bin/pip install -q -e '.[test,example,dev,otel,bench]'
 	touch $@
 
 # The example project's demo, on an embedded PostgreSQL in .pgdata unless DATABASE_URL is set; the
