@@ -286,17 +286,7 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
     message_id: str | None = None
     provider = get_provider_class(channel.provider_key)(channel.settings())
     try:
-        message = OutgoingMessage(
-            notification_id=record.id,
-            tenant_id=record.tenant_id,
-            channel=channel.key,
-            recipient=record.recipient,
-            payload=record.payload,
-            attempt=record.attempts,
-            priority=record.priority,
-            notification_type=record.notification_type,
-        )
-        result = _call_once(provider, message)
+        result = _call_once(provider, OutgoingMessage.of(record, channel.key))
         message_id = result.provider_message_id
     except Exception as exc:
         failure = failure_of(exc)

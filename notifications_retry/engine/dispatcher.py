@@ -25,11 +25,12 @@ from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
+from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.observability import metrics
-from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
+from notifications_retry.outcomes import THROTTLED, ClaimedRecord, Failure, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -52,55 +53,6 @@ class Finished:
 
     def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
         self.outcome, self.returns = outcome, returns
-
-
-class FlowFeedback:
-    """What an outcome tells its channel's flow control: throttling pauses it, failures may open its circuit.
-
-    Called under the dispatcher's lock from either thread; returns the queued records the channel
-    must not send now (they are given back or rescheduled by the worker's thread).
-    """
-
-    def __init__(self, conf: RetrySettings, monotonic: Callable[[], float], bound: Any) -> None:
-        self.conf = conf
-        self.monotonic = monotonic
-        self.bound = bound
-
-    def account(
-        self, rt: ChannelRuntime, outcome: Outcome, now_mono: float | None = None
-    ) -> list[ClaimedRecord]:
-        now_mono = self.monotonic() if now_mono is None else now_mono
-        if outcome.result == SENT:
-            rt.breaker.success()
-            return []
-        if throttles(outcome):
-            pause = outcome.retry_after or self.conf.THROTTLE_DEFAULT_SECONDS
-            rt.paused_until = max(rt.paused_until, now_mono + pause)
-            rt.breaker.neutral()
-            self.bound.warning(
-                "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)
-            )
-            # A channel with a fallback keeps its queue: the fallback sends it, or it is handed back then.
-            return _take_queue(rt) if rt.fallback is None else []
-        if not outcome.retriable:
-            rt.breaker.neutral()
-            return []
-        if rt.breaker.failure(now_mono) == rt.breaker.OPEN and rt.fallback is None:
-            # Records claimed but not started keep their attempt budget through the cool-down: they
-            # are given back instead of being sent into an outage.
-            return _take_queue(rt)
-        return []
-
-
-def throttles(outcome: Outcome) -> bool:
-    """Whether the provider asked the whole channel to wait (else a failure counts for the circuit)."""
-    return outcome.error_kind == THROTTLED or bool(outcome.retriable and outcome.retry_after)
-
-
-def _take_queue(rt: ChannelRuntime) -> list[ClaimedRecord]:
-    taken = list(rt.queue)
-    rt.queue.clear()
-    return taken
 
 
 class Dispatcher:
@@ -289,7 +241,7 @@ class Dispatcher:
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
         with self.lock:
-            queued = [record for rt in runtimes.values() for record in _take_queue(rt)]
+            queued = [record for rt in runtimes.values() for record in take_queue(rt)]
         bound.info("records-released", count=release(queued), reason=reason)
 
     # -- sending -------------------------------------------------------------------------------

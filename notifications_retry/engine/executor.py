@@ -104,16 +104,7 @@ class Executor:
             # No provider can deliver to nobody: a permanent failure, without a call.
             failure = Failure(INVALID_RECIPIENT, f"recipient {record.recipient!r} is empty", retriable=False)
             return self.failed(rt, record, failure, started)
-        return OutgoingMessage(
-            notification_id=record.id,
-            tenant_id=record.tenant_id,
-            channel=rt.config.key,
-            recipient=record.recipient,
-            payload=record.payload,
-            attempt=record.attempts,
-            priority=record.priority,
-            notification_type=record.notification_type,
-        )
+        return OutgoingMessage.of(record, rt.config.key)
 
     def send(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         """Send one record on this thread (an inline provider), in its own span."""

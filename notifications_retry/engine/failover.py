@@ -25,15 +25,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
+from notifications_retry.engine.feedback import FlowFeedback
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
-
-if TYPE_CHECKING:
-    from notifications_retry.engine.dispatcher import FlowFeedback
 
 #: Error kind of an attempt whose channel's provider was not called because its circuit is open.
 CIRCUIT_OPEN = "circuit_open"

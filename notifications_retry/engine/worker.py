@@ -271,10 +271,8 @@ class Worker:
             if not self._looping or self.stopping:
                 completer.drop_expired(bound)
             pause = min(completer.wait_hint(), 0.25)
-            if self._sleep is not None:
-                self._sleep(pause)
-            else:
-                self._stop.wait(pause) if not self.stopping else time.sleep(pause)
+            # A short sleep, not the stop event: once stopping, the event no longer waits at all.
+            (self._sleep or time.sleep)(pause)
 
     def _gave_up_after_stop(self) -> bool:
         """A stop was asked and the database stayed unreachable past the grace period."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from notifications_retry.channel_settings import ChannelSettings as ChannelSettings
+from notifications_retry.outcomes import ClaimedRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,20 @@ class OutgoingMessage:
     attempt: int
     priority: int
     notification_type: str
+
+    @classmethod
+    def of(cls, record: ClaimedRecord, channel: str) -> OutgoingMessage:
+        """The message for a claimed (or leased) record on ``channel``: this attempt's number included."""
+        return cls(
+            notification_id=record.id,
+            tenant_id=record.tenant_id,
+            channel=channel,
+            recipient=record.recipient,
+            payload=record.payload,
+            attempt=record.attempts,
+            priority=record.priority,
+            notification_type=record.notification_type,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,7 +10,8 @@ import structlog
 from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport
 from notifications_retry.engine.completer import RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS, Completer
-from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
+from notifications_retry.outcomes import SENT, Outcome
+from tests.support.records import claimed_record
 
 
 class Mono:
@@ -23,22 +23,7 @@ class Mono:
 
 
 def outcome(clock: ManualClock, lease_seconds: float = 30) -> Outcome:
-    record = ClaimedRecord(
-        id=uuid.uuid4(),
-        tenant_id=None,
-        channel_id=1,
-        recipient="a@example.com",
-        payload={},
-        notification_type="",
-        priority=0,
-        status="failed",
-        attempts=1,
-        expires_at=None,
-        correlation_id="",
-        requeue_count=0,
-        claim_token=uuid.uuid4(),
-        lease_expires_at=clock.now() + timedelta(seconds=lease_seconds),
-    )
+    record = claimed_record(lease_expires_at=clock.now() + timedelta(seconds=lease_seconds))
     return Outcome(record, SENT)
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from notifications_retry.conf import get_settings
 from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECONDS, ChannelRuntime
-from notifications_retry.engine.dispatcher import FlowFeedback
+from notifications_retry.engine.feedback import FlowFeedback
 from notifications_retry.models import ChannelConfig
 from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 from notifications_retry.providers.webhook import WebhookProvider
+from tests.support.records import claimed_record
 
 CHUNK = 100
 
@@ -31,23 +32,7 @@ def runtime(max_concurrency=4, rate=None, timeout=5.0) -> ChannelRuntime:
 
 
 def record(n: int = 0) -> ClaimedRecord:
-    import uuid
-
-    return ClaimedRecord(
-        id=uuid.uuid4(),
-        tenant_id=None,
-        channel_id=1,
-        recipient="r",
-        payload={},
-        notification_type="",
-        priority=0,
-        status="failed",
-        attempts=1,
-        expires_at=None,
-        correlation_id="",
-        requeue_count=0,
-        claim_token=uuid.uuid4(),
-    )
+    return claimed_record(recipient="r")
 
 
 def test_a_channel_claims_its_calls_plus_one_round_behind_them():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from notifications_retry.conf import get_settings
-from notifications_retry.engine.dispatcher import FlowFeedback
 from notifications_retry.engine.failover import CIRCUIT_OPEN, Failover, eligible, not_called
+from notifications_retry.engine.feedback import FlowFeedback
 from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
 from notifications_retry.outcomes import RETRY, SENT, THROTTLED, Outcome, failure_of
 from tests.unit.test_dispatcher_capacity import CHUNK, Log, Mono, record, runtime

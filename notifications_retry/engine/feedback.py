@@ -1,0 +1,61 @@
+"""Flow-control feedback: what one outcome tells its channel (throttling pauses it, failures may open
+its circuit), and which of the channel's queued records it can then no longer send."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from notifications_retry.conf import RetrySettings
+from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
+
+
+class FlowFeedback:
+    """What an outcome tells its channel's flow control: throttling pauses it, failures may open its circuit.
+
+    Called under the dispatcher's lock from either thread; returns the queued records the channel
+    must not send now (they are given back or rescheduled by the worker's thread).
+    """
+
+    def __init__(self, conf: RetrySettings, monotonic: Callable[[], float], bound: Any) -> None:
+        self.conf = conf
+        self.monotonic = monotonic
+        self.bound = bound
+
+    def account(
+        self, rt: ChannelRuntime, outcome: Outcome, now_mono: float | None = None
+    ) -> list[ClaimedRecord]:
+        now_mono = self.monotonic() if now_mono is None else now_mono
+        if outcome.result == SENT:
+            rt.breaker.success()
+            return []
+        if throttles(outcome):
+            pause = outcome.retry_after or self.conf.THROTTLE_DEFAULT_SECONDS
+            rt.paused_until = max(rt.paused_until, now_mono + pause)
+            rt.breaker.neutral()
+            self.bound.warning(
+                "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)
+            )
+            # A channel with a fallback keeps its queue: the fallback sends it, or it is handed back then.
+            return take_queue(rt) if rt.fallback is None else []
+        if not outcome.retriable:
+            rt.breaker.neutral()
+            return []
+        if rt.breaker.failure(now_mono) == rt.breaker.OPEN and rt.fallback is None:
+            # Records claimed but not started keep their attempt budget through the cool-down: they
+            # are given back instead of being sent into an outage.
+            return take_queue(rt)
+        return []
+
+
+def throttles(outcome: Outcome) -> bool:
+    """Whether the provider asked the whole channel to wait (else a failure counts for the circuit)."""
+    return outcome.error_kind == THROTTLED or bool(outcome.retriable and outcome.retry_after)
+
+
+def take_queue(rt: ChannelRuntime) -> list[ClaimedRecord]:
+    """Empty a channel's queue of claimed, unstarted records and return them (the caller holds the lock)."""
+    taken = list(rt.queue)
+    rt.queue.clear()
+    return taken
