@@ -54,9 +54,25 @@ class OutcomeReporter:
         self.channel_keys = channel_keys
         self.stats: TickStats | None = None
         self.bound: Any = log
+        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def begin_tick(self, stats: TickStats, bound: Any) -> None:
         self.stats, self.bound = stats, bound
+        self._children = {}
+
+    def _counters(self, channel: str, result: str, error_kind: str) -> tuple[Any, Any]:
+        """The processed counter and the outcome's own, labelled (looked up once a tick, not per record)."""
+        key = (channel, result, error_kind)
+        children = self._children.get(key)
+        if children is None:
+            if result == SENT:
+                own = metrics.SENT.labels(channel)
+            elif result == RETRY:
+                own = metrics.RETRIED.labels(channel, error_kind)
+            else:
+                own = metrics.TERMINAL_FAILED.labels(channel, error_kind)
+            children = self._children[key] = (metrics.PROCESSED.labels(channel, result), own)
+        return children
 
     def report(self, report: FinalizeReport) -> None:
         """What a commit did: applied outcomes are recorded, stale ones logged."""
@@ -88,18 +104,18 @@ class OutcomeReporter:
         )
         if outcome.delivered_by:
             context["delivered_by"] = outcome.delivered_by
-        metrics.PROCESSED.labels(channel, outcome.result).inc()
+        processed, own = self._counters(channel, outcome.result, outcome.error_kind)
+        processed.inc()
+        own.inc()
         if stats is not None:
             stats.processed += 1
         if outcome.result == SENT:
             if stats is not None:
                 stats.sent += 1
-            metrics.SENT.labels(channel).inc()
             bound.info("item-sent", outcome="sent", **context)
         elif outcome.result == RETRY:
             if stats is not None:
                 stats.retried += 1
-            metrics.RETRIED.labels(channel, outcome.error_kind).inc()
             bound.info(
                 "item-retried",
                 outcome="retry",
@@ -110,7 +126,6 @@ class OutcomeReporter:
         else:
             if stats is not None:
                 stats.terminal += 1
-            metrics.TERMINAL_FAILED.labels(channel, outcome.error_kind).inc()
             bound.error(
                 "item-failed-terminal",
                 outcome="terminal",

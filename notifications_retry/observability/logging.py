@@ -128,6 +128,7 @@ _NOT_SECRET = re.compile(
     r"|[A-Za-z_:-]+|[\d_:-]+)$"  # words or numbers alone
 )
 _SAFE_SCALARS = (bool, int, float, Decimal, UUID, datetime, date, time, timedelta)
+_SAFE_TYPES = frozenset({bool, int, float, Decimal, datetime, date, time, timedelta})
 
 
 def _phone_sub(match: re.Match[str]) -> str:
@@ -138,10 +139,22 @@ def _phone_sub(match: re.Match[str]) -> str:
     return mask_recipient(text)
 
 
+#: Texts no pattern below can change: a UUID, a run id (32 hex digits), an ISO timestamp, a word of
+#: letters (no digit, ``@``, ``=`` or space for a pattern to start from). A per-record event carries
+#: several of them, each new (ids are unique), so they skip the patterns instead of filling the cache.
+#: tests/unit/test_masking.py checks these texts come out of the patterns unchanged.
+_PLAIN = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"|[0-9a-f]{32}"
+    r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:[+-]\d{2}:\d{2}|Z)?"
+    r"|[A-Za-z_.-]*"
+)
+
+
 def mask_text(text: str, opaque: bool = True) -> str:
     """Free text with every email address, phone number, bearer token and URL secret masked, and
     (``opaque``) long words mixing letters and digits, which is how device tokens and API keys look."""
-    if not text:
+    if not text or _PLAIN.fullmatch(text):
         return text
     if len(text) <= _CACHED_TEXT_LENGTH:
         return _mask_short_text(text, opaque)
@@ -204,7 +217,12 @@ def redact(text: str, recipient: Any = None, payload: Any = None) -> str:
 
 
 def _is_identifier(key: Any) -> bool:
-    name = _normal(key) if key is not None else ""
+    return _is_identifier_name(key) if isinstance(key, str) else _is_identifier_name(_normal(key))
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_identifier_name(key: str) -> bool:
+    name = _normal(key)
     return name == "id" or name.endswith("_id")
 
 
@@ -252,6 +270,13 @@ def _mask_body_value(value: Any) -> Any:
 def mask_value(value: Any, key: Any = None, _depth: int = 0) -> Any:
     """``value`` as it may be logged under ``key``: masked by the key's meaning, else scrubbed deeply."""
     kind = _kind(key) if key is not None else None
+    if kind is None:
+        # The common cases first: a per-record event is text and numbers under plain keys.
+        cls = type(value)
+        if cls is str:
+            return mask_text(value, opaque=key is None or not _is_identifier(key))
+        if value is None or cls in _SAFE_TYPES:
+            return value
     if kind == "secret":
         return MASK if value not in (None, "") else value
     if kind == "recipient":

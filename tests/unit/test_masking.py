@@ -1,0 +1,77 @@
+"""The masking fast path: texts it lets through untouched are texts the patterns would not change."""
+
+from __future__ import annotations
+
+import random
+import string
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import notifications_retry.observability.logging as nr_logging
+
+
+def _samples(rng: random.Random) -> list[str]:
+    texts: list[str] = []
+    for _ in range(400):
+        texts.append(str(uuid.UUID(int=rng.getrandbits(128))))
+        # All digits: the shape a phone number pattern could mistake for one.
+        texts.append(str(uuid.UUID(hex="".join(rng.choice(string.digits) for _ in range(32)))))
+        texts.append(uuid.UUID(int=rng.getrandbits(128)).hex)
+        texts.append("".join(rng.choice(string.digits) for _ in range(32)))
+        when = datetime(2000, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.randrange(10**9))
+        texts.append(when.isoformat())
+        texts.append(when.replace(microsecond=rng.randrange(10**6)).isoformat())
+        texts.append(when.replace(tzinfo=None).isoformat() + "Z")
+        texts.append(when.replace(tzinfo=None).isoformat(timespec="seconds"))
+        texts.append("".join(rng.choice(string.ascii_letters + "_.-") for _ in range(rng.randrange(1, 80))))
+    return texts
+
+
+@pytest.mark.parametrize("opaque", [True, False])
+def test_plain_texts_are_what_the_patterns_leave_unchanged(opaque: bool) -> None:
+    for text in _samples(random.Random(15)):
+        assert nr_logging._PLAIN.fullmatch(text), text
+        assert nr_logging._mask_text(text, opaque) == text, text
+        assert nr_logging.mask_text(text, opaque) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "hidden"),
+    [
+        ("ana@example.com", "ana@example.com"),
+        ("call +44 20 7946 0958", "7946 0958"),
+        ("2026-12-03T10:00:00Z ana@example.com", "ana@example.com"),
+        ("https://user:pw@example.com/x", "user:pw"),
+        ("Bearer abcdefghijklmnop", "abcdefghijklmnop"),
+        ("a7Hk29Qz0pLm3Xv8Rt5Nw1Yb", "a7Hk29Qz0pLm3Xv8Rt5Nw1Yb"),
+    ],
+)
+def test_texts_off_the_fast_path_are_still_masked(text: str, hidden: str) -> None:
+    assert not nr_logging._PLAIN.fullmatch(text)
+    assert hidden not in nr_logging.mask_text(text)
+
+
+def test_event_values_are_masked_by_key_and_kept_by_type() -> None:
+    nid = uuid.uuid4()
+    event = nr_logging.mask_event_dict(
+        None,
+        "info",
+        {
+            "event": "item-sent",
+            "notification_id": str(nid),
+            "correlation_id": "req-a7Hk29Qz0pLm3Xv8Rt5Nw1Yb",
+            "attempt": 2,
+            "duration_ms": 20.5,
+            "tenant_id": None,
+            "recipient": "ana@example.com",
+            "note": "for ana@example.com",
+        },
+    )
+    assert event["notification_id"] == str(nid)
+    # An identifier stays greppable even when it looks opaque; a free-text field does not.
+    assert event["correlation_id"] == "req-a7Hk29Qz0pLm3Xv8Rt5Nw1Yb"
+    assert (event["attempt"], event["duration_ms"], event["tenant_id"]) == (2, 20.5, None)
+    assert "ana@example.com" not in event["recipient"]
+    assert "ana@example.com" not in event["note"]
