@@ -162,6 +162,10 @@ def _measure(args: argparse.Namespace, cluster: PrivateCluster | None) -> int:
     print(f"notifications_retry schema costs — database {bench_dbname()!r}, {args.rows:,} due rows a drain")
     recreate_database()
     cid = channel("stub", "stub")
+    if args.breakdown_only:
+        print("\n## Where the bytes go (one drain each)")
+        print(breakdown(cluster, args.rows, cid))
+        return 0
     all_variants = variants()
     runs: dict[str, list[Cost]] = {}
     lean_runs: list[Cost] = []
@@ -219,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.schema_costs", description=description)
     parser.add_argument("--rows", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--breakdown-only", action="store_true", help="Only the WAL split per relation (no variants)."
+    )
     parser.add_argument("--server", choices=["private", "url"], default="private" if pg_bin() else "url")
     args = parser.parse_args(argv)
     os.environ.setdefault("NR_BENCH_DATABASE_NAME", "nr_bench_schema")
