@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import uuid
 
+from django.db import models
+
 #: Fixed for ever: changing it would give an outcome's event a second id.
 NAMESPACE = uuid.UUID("6f1c1d1e-8a43-5b55-9d0e-3c2b8f6f0a71")
 
@@ -27,3 +29,14 @@ SQL_FUNCTION = "nr_outbox_event_id"
 def outbox_event_id(topic: str, key: str, generation: int) -> uuid.UUID:
     """The event id of the outbox event for one outcome (what the database's function returns)."""
     return uuid.uuid3(NAMESPACE, f"{topic}\0{key}\0{int(generation)}")
+
+
+#: The id the database derives for an outbox row's outcome, as a query expression; rows with another id
+#: are the events written before migration 0008.
+DERIVED_EVENT_ID = models.Func(
+    models.F("topic"),
+    models.F("key"),
+    models.F("generation"),
+    function=SQL_FUNCTION,
+    output_field=models.UUIDField(),
+)

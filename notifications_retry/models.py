@@ -21,23 +21,13 @@ from django.utils import timezone
 from . import bounds
 from .channel_settings import ChannelSettings
 from .db_rules import notification_triggers, outbox_triggers
-from .event_ids import SQL_FUNCTION, outbox_event_id
+from .event_ids import DERIVED_EVENT_ID, outbox_event_id
 from .outcomes import CANCELLED
 from .url_policy import resolution_problems
 from .validation import range_validators, reject_invalid_payload, reject_unstorable_text
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 CONTRACT_VERSION = 1
-
-# The id the database derives for an outbox row's outcome (see event_ids); rows with another id are
-# the events written before migration 0008.
-DERIVED_EVENT_ID = models.Func(
-    models.F("topic"),
-    models.F("key"),
-    models.F("generation"),
-    function=SQL_FUNCTION,
-    output_field=models.UUIDField(),
-)
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (outcomes.py)
