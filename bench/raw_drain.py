@@ -10,7 +10,6 @@ that maintains it would too), so it still drains with the triggers disabled.
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import UTC, datetime
 
 from bench.costs import ServerCpu
@@ -30,8 +29,9 @@ FROM unnest(%s::uuid[], %s::text[], %s::text[]) AS v(id, pmid, log) WHERE t.id =
 """
 _OUTBOX = f"""
 INSERT INTO {OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at)
-SELECT v.event_id, 'pin.notifications.dispatched.v1', v.key, 1, v.generation, v.payload::jsonb, now()
-FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::text[]) AS v(event_id, key, generation, payload)
+SELECT nr_outbox_event_id('pin.notifications.dispatched.v1', v.key, v.generation),
+       'pin.notifications.dispatched.v1', v.key, 1, v.generation, v.payload::jsonb, now()
+FROM unnest(%s::text[], %s::int[], %s::text[]) AS v(key, generation, payload)
 """
 
 
@@ -69,7 +69,7 @@ def drain(channel: int, batch: int = 200, cpu: ServerCpu | None = None) -> int:
                 ]
                 conn.execute(
                     _OUTBOX,
-                    ([uuid.uuid4() for _ in rows], [str(r[0]) for r in rows], [r[3] for r in rows], payloads),
+                    ([str(r[0]) for r in rows], [r[3] for r in rows], payloads),
                 )
             done += len(rows)
     return done

@@ -10,7 +10,7 @@ migrations are untouched), each on a fresh dataset, interleaved over the rounds:
   provider message id);
 * ``also no nr_due_idx``: and without the global due index (the claim, like the worker's, is per
   channel and uses ``nr_channel_due_idx``);
-* ``fillfactor 70``: room on each page for HOT updates;
+* ``fillfactor 70``: room on each page for HOT updates (the table's own since migration 0008);
 * ``outbox trigger off``: the outbox insert without its per-row check against the notification;
 * ``all of the above``.
 
@@ -65,6 +65,16 @@ def _trigger_name(pattern: str) -> str:
     return str(row[0])
 
 
+def _fillfactor() -> str | None:
+    with connect() as conn:
+        row = conn.execute(
+            "SELECT o FROM pg_class c, unnest(c.reloptions) AS o "
+            "WHERE c.relname = %s AND o LIKE 'fillfactor=%%'",
+            (TABLE,),
+        ).fetchone()
+    return str(row[0]).split("=", 1)[1] if row else None
+
+
 def variants() -> list[Variant]:
     admin = _index_defs(ADMIN_ONLY_INDEXES)
     due = _index_defs(("nr_due_idx",))
@@ -73,9 +83,15 @@ def variants() -> list[Variant]:
     triggers_on = [f"ALTER TABLE {TABLE} ENABLE TRIGGER USER", f"ALTER TABLE {OUTBOX} ENABLE TRIGGER USER"]
     drop_admin = [f'DROP INDEX "{name}"' for name, _ in admin]
     drop_due = [f'DROP INDEX "{name}"' for name, _ in due]
+    # Undo restores the table's own setting (migration 0008 sets one), not PostgreSQL's default.
+    own = _fillfactor()
     ff70, ff_reset = (
         [f"ALTER TABLE {TABLE} SET (fillfactor = 70)"],
-        [f"ALTER TABLE {TABLE} RESET (fillfactor)"],
+        [
+            f"ALTER TABLE {TABLE} SET (fillfactor = {own})"
+            if own
+            else f"ALTER TABLE {TABLE} RESET (fillfactor)"
+        ],
     )
     return [
         Variant("as is", [], []),
@@ -162,6 +178,10 @@ def _measure(args: argparse.Namespace, cluster: PrivateCluster | None) -> int:
     print(f"notifications_retry schema costs — database {bench_dbname()!r}, {args.rows:,} due rows a drain")
     recreate_database()
     cid = channel("stub", "stub")
+    if args.breakdown_only:
+        print("\n## Where the bytes go (one drain each)")
+        print(breakdown(cluster, args.rows, cid))
+        return 0
     all_variants = variants()
     runs: dict[str, list[Cost]] = {}
     lean_runs: list[Cost] = []
@@ -219,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.schema_costs", description=description)
     parser.add_argument("--rows", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--breakdown-only", action="store_true", help="Only the WAL split per relation (no variants)."
+    )
     parser.add_argument("--server", choices=["private", "url"], default="private" if pg_bin() else "url")
     args = parser.parse_args(argv)
     os.environ.setdefault("NR_BENCH_DATABASE_NAME", "nr_bench_schema")

@@ -49,26 +49,37 @@ REQUEUE_AUDITED_SQL = """
 
 # An event exists only for an outcome the notification row holds now: Sent, or terminal Failed
 # (dead-lettered), of the current generation; and it starts unpublished so the relay sees it.
+# Its id is the one derived from its outcome (event_ids), so the unique event_id index keeps out a
+# second event for the same outcome; events from before migration 0008 kept their random ids, and
+# a new event must not repeat the outcome of one of those (their partial unique index serves the
+# lookup, and no new row can enter it).
 # One check per INSERT statement over its transition table (a join of the new events to their
 # notifications), not a lookup per row: the worker inserts its events a batch at a time.
 OUTBOX_MATCHES_OUTCOME_SQL = """
-        SELECT o.event_id, o.key, o.generation, o.published_at, o.payload->>'status' AS event_status,
-               o.payload->>'notification_id' AS notification_id, n.id IS NOT NULL AS found,
-               n.status AS n_status, n.dead_lettered_at IS NOT NULL AS dead, n.requeue_count AS n_generation
-        INTO bad
-        FROM new_events o
-        LEFT JOIN notifications_retry_notificationentity n
-          ON o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-         AND n.id = (CASE WHEN o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                          THEN o.key END)::uuid
-        WHERE o.published_at IS NOT NULL
-           OR (o.topic = 'pin.notifications.dispatched.v1' AND (
-                o.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                OR o.payload->>'notification_id' IS DISTINCT FROM o.key
-                OR n.id IS NULL OR n.requeue_count <> o.generation
-                OR NOT ((n.status = 'sent' AND o.payload->>'status' = 'Sent')
-                        OR (n.status = 'failed' AND n.dead_lettered_at IS NOT NULL
-                            AND o.payload->>'status' = 'Failed'))))
+        SELECT * INTO bad FROM (
+            SELECT o.event_id, o.topic, o.key, o.generation, o.published_at,
+                   o.payload->>'status' AS event_status, o.payload->>'notification_id' AS notification_id,
+                   n.id IS NOT NULL AS found, n.status AS n_status, n.dead_lettered_at IS NOT NULL AS dead,
+                   n.requeue_count AS n_generation,
+                   (o.topic = 'pin.notifications.dispatched.v1' AND (
+                        o.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                        OR o.payload->>'notification_id' IS DISTINCT FROM o.key
+                        OR n.id IS NULL OR n.requeue_count <> o.generation
+                        OR NOT ((n.status = 'sent' AND o.payload->>'status' = 'Sent')
+                                OR (n.status = 'failed' AND n.dead_lettered_at IS NOT NULL
+                                    AND o.payload->>'status' = 'Failed')))) IS TRUE AS mismatch,
+                   o.event_id IS DISTINCT FROM nr_outbox_event_id(o.topic, o.key, o.generation) AS underived,
+                   EXISTS (SELECT 1 FROM notifications_retry_outbox l
+                           WHERE l.topic = o.topic AND l.key = o.key AND l.generation = o.generation
+                             AND NOT (l.event_id = nr_outbox_event_id(l.topic, l.key, l.generation))
+                   ) AS repeated
+            FROM new_events o
+            LEFT JOIN notifications_retry_notificationentity n
+              ON o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+             AND n.id = (CASE WHEN o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                              THEN o.key END)::uuid
+        ) checked
+        WHERE published_at IS NOT NULL OR mismatch OR underived OR repeated
         LIMIT 1;
         IF NOT FOUND THEN
             RETURN NULL;
@@ -77,16 +88,25 @@ OUTBOX_MATCHES_OUTCOME_SQL = """
             RAISE EXCEPTION 'outbox event % must be inserted unpublished', bad.event_id
                 USING ERRCODE = 'check_violation';
         END IF;
-        IF bad.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-           OR bad.notification_id IS DISTINCT FROM bad.key THEN
-            RAISE EXCEPTION 'outbox event %: key % must be the NotificationId of its payload',
-                bad.event_id, bad.key USING ERRCODE = 'check_violation';
+        IF bad.mismatch THEN
+            IF bad.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+               OR bad.notification_id IS DISTINCT FROM bad.key THEN
+                RAISE EXCEPTION 'outbox event %: key % must be the NotificationId of its payload',
+                    bad.event_id, bad.key USING ERRCODE = 'check_violation';
+            END IF;
+            RAISE EXCEPTION 'dispatched events only on Sent and terminal Failed: event % (% gen %) %',
+                bad.event_id, bad.event_status, bad.generation,
+                format('does not match notification %s (%s, dead letter %s, gen %s)', bad.key,
+                       CASE WHEN bad.found THEN bad.n_status END, bad.dead, bad.n_generation)
+                USING ERRCODE = 'check_violation';
         END IF;
-        RAISE EXCEPTION 'dispatched events only on Sent and terminal Failed: event % (% gen %) %',
-            bad.event_id, bad.event_status, bad.generation,
-            format('does not match notification %s (%s, dead letter %s, gen %s)', bad.key,
-                   CASE WHEN bad.found THEN bad.n_status END, bad.dead, bad.n_generation)
-            USING ERRCODE = 'check_violation';
+        IF bad.underived THEN
+            RAISE EXCEPTION 'outbox event %: its id must be nr_outbox_event_id(topic, key, generation) = %',
+                bad.event_id, nr_outbox_event_id(bad.topic, bad.key, bad.generation)
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'outbox event %: an event for % generation % exists already',
+            bad.event_id, bad.key, bad.generation USING ERRCODE = 'unique_violation';
 """
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
+from .event_ids import outbox_event_id
 from .models import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
 
 SENT = "Sent"
@@ -65,7 +66,7 @@ def dispatched_event(*, generation: int, created_at: datetime, **payload_fields:
     """An unsaved outbox row for one outcome; ``generation`` is the record's requeue count."""
     payload = dispatched_payload(occurred_at=created_at, **payload_fields)
     return Outbox(
-        event_id=uuid.uuid4(),
+        event_id=outbox_event_id(DISPATCHED_TOPIC, payload["notification_id"], generation),
         topic=DISPATCHED_TOPIC,
         key=payload["notification_id"],
         contract_version=CONTRACT_VERSION,

@@ -21,12 +21,14 @@ from django.utils import timezone
 from . import bounds
 from .channel_settings import ChannelSettings
 from .db_rules import notification_triggers, outbox_triggers
+from .event_ids import DERIVED_EVENT_ID, outbox_event_id
 from .outcomes import CANCELLED
 from .url_policy import resolution_problems
 from .validation import range_validators, reject_invalid_payload, reject_unstorable_text
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 CONTRACT_VERSION = 1
+
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (outcomes.py)
 
@@ -314,18 +316,14 @@ class NotificationEntity(models.Model):
                 name="nr_dead_letter_idx",
                 condition=Q(dead_lettered_at__isnull=False),
             ),
-            # Admin-only indexes stay off the hot path where they can: a Sent row (the bulk of the table,
-            # and the outcome of nearly every write) enters neither of the first two, and a row without a
-            # provider id does not enter the third (docs/performance.md, "Where the bytes go").
+            # Admin-only indexes stay off the hot path: a Sent row (the bulk of the table, and the outcome
+            # of nearly every write) enters neither. The provider message id has no index: every Sent
+            # row would enter it, and only the admin's search reads it (docs/performance.md, "Where the
+            # bytes go").
             models.Index(
                 fields=["status", "created_at"], name="nr_status_created_idx", condition=~Q(status="sent")
             ),
             models.Index(fields=["tenant_id"], name="nr_tenant_idx", condition=~Q(status="sent")),
-            models.Index(
-                fields=["provider_message_id"],
-                name="nr_provider_message_idx",
-                condition=Q(provider_message_id__isnull=False),
-            ),
         ]
         constraints = [
             check_constraint(Q(status__in=["pending", "sent", "failed"]), "nr_notification_status_valid"),
@@ -383,8 +381,12 @@ class Outbox(models.Model):
         verbose_name = "outbox event"
         verbose_name_plural = "outbox"
         constraints = [
+            # New events cannot repeat an outcome: their id is derived from it and unique. Events
+            # written before that (random ids) are the only rows this index holds.
             models.UniqueConstraint(
-                fields=["topic", "key", "generation"], name="nr_outbox_one_event_per_outcome"
+                fields=["topic", "key", "generation"],
+                condition=~Q(event_id=DERIVED_EVENT_ID),
+                name="nr_outbox_one_legacy_event_per_outcome",
             ),
         ]
         indexes = [
@@ -401,6 +403,12 @@ class Outbox(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic} {self.key} ({'published' if self.published_at else 'pending'})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The database accepts a new event only under the id derived from its outcome.
+        if self._state.adding:
+            self.event_id = outbox_event_id(self.topic, self.key, self.generation)
+        super().save(*args, **kwargs)
 
 
 class DeadLetterAction(models.Model):

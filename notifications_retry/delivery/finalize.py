@@ -97,9 +97,11 @@ WHERE t.id = v.id AND (NOT %(guarded)s OR t.claim_token = v.token) AND c.id = t.
 RETURNING t.id, t.tenant_id, t.attempts, t.requeue_count, c.key
 """
 
+# The event id is derived from the outcome (event_ids): a second event for it cannot be inserted.
 _OUTBOX_INSERT = f"""
 INSERT INTO {_OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at, published_at)
-SELECT gen_random_uuid(), %(topic)s, v.key, %(version)s, v.generation, v.payload, %(now)s, NULL
+SELECT nr_outbox_event_id(%(topic)s, v.key, v.generation), %(topic)s, v.key, %(version)s, v.generation,
+       v.payload, %(now)s, NULL
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(key text, generation int, payload jsonb)
 """
 
@@ -133,9 +135,10 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                     "outcome": o.result,
                     # Attempt numbers restart after a requeue: the generation tells the runs apart.
                     "generation": o.record.requeue_count,
-                    "error_kind": o.error_kind or None,
-                    "error": error[:300] or None,
                     "duration_ms": round(o.duration_ms, 1),
+                    # Only when there is one: the entry is in every row version the WAL carries.
+                    **({"error_kind": o.error_kind} if o.error_kind else {}),
+                    **({"error": error[:300]} if error else {}),
                     # A failover: the fallback channel whose provider delivered this attempt.
                     **({"delivered_by": o.delivered_by} if o.delivered_by else {}),
                 },

@@ -178,16 +178,18 @@ def test_a_second_event_for_the_same_outcome_is_refused_by_the_database(clock):
     record = failed_due(clock, ChannelFactory(key="in_app"))
     make_worker(clock).tick()
     (event,) = Outbox.objects.all()
-    with (
-        pytest.raises(IntegrityError, match="nr_outbox_one_event_per_outcome"),
-        transaction.atomic(),
-        connection.cursor() as cursor,
-    ):
-        cursor.execute(
-            "INSERT INTO notifications_retry_outbox (event_id, topic, key, contract_version, generation, "
-            "payload, created_at) VALUES (%s, %s, %s, 1, 0, %s::jsonb, now())",
-            [uuid.uuid4(), event.topic, event.key, json.dumps(event.payload)],
-        )
+    # Under its own (derived) id, the unique event_id; under any other, the insert trigger.
+    for event_id, refusal in [(event.event_id, "event_id"), (uuid.uuid4(), "must be nr_outbox_event_id")]:
+        with (
+            pytest.raises(IntegrityError, match=refusal),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(
+                "INSERT INTO notifications_retry_outbox (event_id, topic, key, contract_version, generation, "
+                "payload, created_at) VALUES (%s, %s, %s, 1, 0, %s::jsonb, now())",
+                [event_id, event.topic, event.key, json.dumps(event.payload)],
+            )
     assert list(Outbox.objects.values_list("event_id", flat=True)) == [event.event_id]
     record.refresh_from_db()
     assert record.status == Status.SENT
