@@ -24,13 +24,16 @@ demo-admin: $(VENV)/.installed
 demo-stop:
 	@if [ -x $(PY) ]; then PGSERVER_DATA_DIR=$(CURDIR)/.pgdata $(PY) -m example_project.embedded_postgres stop; fi
 
-# The test suite against a real PostgreSQL (the local server, started when it is down).
+# The test suite against a real PostgreSQL (the local server, started when it is down), in
+# $(TEST_WORKERS) pytest-xdist processes, a test module per process at a time (each has its own test
+# database; TEST_WORKERS=0 runs in this process alone).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	bash scripts/ensure-chromium
 	bash scripts/ensure-prometheus
 	bash scripts/ensure-pgbouncer
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The fault suite's long scenarios (1-million-row backlog, vacuum held back): minutes, not for every run.
 soak: $(VENV)/.installed
