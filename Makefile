@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-relay crash-bench schema-costs faults soak clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay crash-bench schema-costs faults soak clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,13 +24,16 @@ demo-admin: $(VENV)/.installed
 demo-stop:
 	@if [ -x $(PY) ]; then PGSERVER_DATA_DIR=$(CURDIR)/.pgdata $(PY) -m example_project.embedded_postgres stop; fi
 
-# The test suite against a real PostgreSQL (the local server, started when it is down).
+# The test suite against a real PostgreSQL (the local server, started when it is down), in
+# $(TEST_WORKERS) pytest-xdist processes, a test module per process at a time (each has its own test
+# database; TEST_WORKERS=0 runs in this process alone).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	bash scripts/ensure-chromium
 	bash scripts/ensure-prometheus
 	bash scripts/ensure-pgbouncer
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q $(PYTEST_ARGS)
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The fault suite's long scenarios (1-million-row backlog, vacuum held back): minutes, not for every run.
 soak: $(VENV)/.installed
@@ -51,6 +54,12 @@ bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	$(VENV)/bin/pip install -q -e '.[bench]'
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.run $(BENCH_ARGS)
+
+# The benchmark commands' smoke tests (bench.run, bench.schema_costs, bench.crash on tiny sizes, the local
+# server): they run bench/ code, so the default suite skips them (tests marked `bench`; --bench-check).
+bench-check: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q tests/process/test_bench_smoke.py --bench-check -m bench $(PYTEST_ARGS)
 
 # SIGKILL a looping worker 20 times during a webhook drain (database nr_crash_bench of the local server):
 # rows lost, duplicate sends per kill, recovery rate of expired leases.

@@ -1,8 +1,12 @@
-"""Shared fixtures: a real PostgreSQL (pytest-django), an injected clock, a real HTTP server."""
+"""Shared fixtures: a real PostgreSQL (pytest-django), an injected clock, a real HTTP server.
+
+Also ``--bench-check``: the benchmark smoke tests are skipped without it.
+"""
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +14,29 @@ import pytest
 
 from notifications_retry.clock import ManualClock
 from tests.support.http_server import ScriptedServer
+
+BENCH_CHECK_ENV = "NR_BENCH_CHECK"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bench-check",
+        action="store_true",
+        default=False,
+        help="Also run the benchmark commands' smoke tests (@pytest.mark.bench); or set NR_BENCH_CHECK=1.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The benchmark smoke tests run ``bench/`` code: ``make bench-check``, not the default suite."""
+    if config.getoption("--bench-check") or os.environ.get(BENCH_CHECK_ENV, "") not in ("", "0"):
+        return
+    skip = pytest.mark.skip(
+        reason="benchmark smoke test: run with --bench-check or NR_BENCH_CHECK=1 (make bench-check)"
+    )
+    for item in items:
+        if item.get_closest_marker("bench") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture

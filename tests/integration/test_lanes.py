@@ -39,8 +39,9 @@ def make_worker(clock):
 
 
 def due(clock, channel, count=1, *, ago=60.0, spread=0.001, **kwargs):
-    return [
-        NotificationFactory(
+    """``count`` Failed rows due ``ago`` seconds back, ``spread`` apart; inserted in one statement."""
+    return NotificationEntity.objects.bulk_create(
+        NotificationFactory.build(
             channel=channel,
             status=Status.FAILED,
             attempts=1,
@@ -48,7 +49,7 @@ def due(clock, channel, count=1, *, ago=60.0, spread=0.001, **kwargs):
             **kwargs,
         )
         for i in range(count)
-    ]
+    )
 
 
 def sent_ids() -> set:

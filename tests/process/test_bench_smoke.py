@@ -1,4 +1,8 @@
-"""The benchmark commands still run: tiny sizes, and the shape of what they print (no figures asserted)."""
+"""The benchmark commands still run: tiny sizes, and the shape of what they print (no figures asserted).
+
+They run ``bench/`` code, so they are benchmark runs with a make target of their own: ``make bench-check``
+(``--bench-check`` or ``NR_BENCH_CHECK=1``); the default suite skips them.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pytest
 
 from tests.support.processes import REPO_ROOT
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.bench]
 
 SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
