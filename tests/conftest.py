@@ -6,7 +6,6 @@ Also ``--bench-check``: the benchmark smoke tests are skipped without it.
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from notifications_retry.clock import ManualClock
 from tests.support.http_server import ScriptedServer
+from tests.support.opt_in import skip_unless_asked
 
 BENCH_CHECK_ENV = "NR_BENCH_CHECK"
 
@@ -29,14 +29,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The benchmark smoke tests run ``bench/`` code: ``make bench-check``, not the default suite."""
-    if config.getoption("--bench-check") or os.environ.get(BENCH_CHECK_ENV, "") not in ("", "0"):
-        return
-    skip = pytest.mark.skip(
-        reason="benchmark smoke test: run with --bench-check or NR_BENCH_CHECK=1 (make bench-check)"
+    skip_unless_asked(
+        config,
+        items,
+        marker="bench",
+        option="--bench-check",
+        env=BENCH_CHECK_ENV,
+        reason="benchmark smoke test: run with --bench-check or NR_BENCH_CHECK=1 (make bench-check)",
     )
-    for item in items:
-        if item.get_closest_marker("bench") is not None:
-            item.add_marker(skip)
 
 
 @pytest.fixture

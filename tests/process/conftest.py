@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from notifications_retry.models import ChannelConfig
+from tests.support.opt_in import skip_unless_asked
 from tests.support.processes import WorkerProcess, worker_env
 
 SOAK_ENV = "NR_SOAK"
@@ -36,23 +37,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def soak_enabled(config: pytest.Config) -> bool:
-    """Whether the soak scenarios run: ``--soak`` or ``NR_SOAK=1``."""
-    try:
-        flag = bool(config.getoption("--soak"))
-    except ValueError:
-        flag = False
-    return flag or os.environ.get(SOAK_ENV, "") not in ("", "0")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if soak_enabled(config):
-        return
-    skip = pytest.mark.skip(reason="soak scenario: run with --soak or NR_SOAK=1 (make soak)")
-    for item in items:
-        # By marker, not keyword: a checkout directory named "soak" is in every test's keywords.
-        if item.get_closest_marker("soak") is not None:
-            item.add_marker(skip)
+    skip_unless_asked(
+        config,
+        items,
+        marker="soak",
+        option="--soak",
+        env=SOAK_ENV,
+        reason="soak scenario: run with --soak or NR_SOAK=1 (make soak)",
+    )
 
 
 def seed_due(channel: ChannelConfig, count: int, *, attempts: int = 1) -> None:
