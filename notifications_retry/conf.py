@@ -38,6 +38,7 @@ class RetrySettings:
     JITTER_RATIO: float = 0.1
     CLOCK: str = "database"
     WORKER_THREADS: int = 32
+    COMMIT_THREAD: bool = True
     CIRCUIT_FAILURE_THRESHOLD: int = 5
     CIRCUIT_COOLDOWN_SECONDS: float = 30.0
     THROTTLE_DEFAULT_SECONDS: float = 60.0
@@ -121,6 +122,8 @@ def settings_problems(conf: RetrySettings) -> list[str]:
                 )
                 return problems
         problems.extend(share_problems(conf.LANES))
+    if not isinstance(conf.COMMIT_THREAD, bool):
+        problems.append(f"COMMIT_THREAD must be True or False, got {conf.COMMIT_THREAD!r}")
     if not isinstance(conf.LOCK_DATABASE_POOLED, bool):
         problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
     if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -32,12 +32,33 @@ RETRY_MAX_SECONDS = 2.0
 Committer = Callable[[list[Outcome], datetime], FinalizeReport]
 
 
+class Commits(Protocol):
+    """What the worker and the dispatcher ask of a completer, inline or on its own thread."""
+
+    bound: Any
+
+    @property
+    def pending(self) -> int: ...
+    @property
+    def unavailable(self) -> bool: ...
+    def add(self, outcomes: Iterable[Outcome]) -> None: ...
+    def due(self, *, flush: bool = False) -> bool: ...
+    def commit(self, bound: Any) -> None: ...
+    def wait_hint(self) -> float: ...
+    def wait(self, seconds: float, sleep: Callable[[float], None]) -> None: ...
+    def deliver(self) -> None: ...
+    def drop_expired(self, bound: Any) -> None: ...
+    def close(self) -> None: ...
+
+
 class Completer:
     """Outcomes waiting to be committed, and the rule for when to commit them.
 
-    It runs on the worker's own thread (Django's connections are per thread): the scheduling loop
-    asks :meth:`due` and :meth:`wait_hint` between its other steps, so sends in flight never wait for
-    a commit, and a commit never waits longer than ``max_delay`` for more outcomes.
+    Inline, it runs on the worker's own thread: the scheduling loop asks :meth:`due` and
+    :meth:`wait_hint` between its other steps, so sends in flight never wait for a commit, and a
+    commit never waits longer than ``max_delay`` for more outcomes. The worker runs the same rule on
+    a thread and a connection of its own (:mod:`.commit_thread`) unless it runs inside a
+    transaction (a test's), where only its own connection sees the rows.
     """
 
     def __init__(
@@ -62,6 +83,8 @@ class Completer:
         self._backoff = 0.0
         #: Commit attempts that found the database unreachable (for tests and the tick's stats).
         self.outages = 0
+        #: The logger of the tick under way (the commit thread logs with it; inline, ``commit`` is given it).
+        self.bound: Any = log
 
     @property
     def pending(self) -> int:
@@ -97,20 +120,37 @@ class Completer:
 
     def commit(self, bound: Any) -> None:
         """Commit up to ``max_batch`` waiting outcomes; keep them when the database is unreachable."""
+        batch = self.take()
+        self.settle(self.run(batch), bound)
+
+    def take(self) -> list[Outcome]:
+        """The next batch to commit, no longer waiting here (see :meth:`run` and :meth:`settle`)."""
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-        now = self.clock.now()
+        return batch
+
+    def run(self, batch: list[Outcome]) -> FinalizeReport | CommitUnavailable:
+        """Commit ``batch``: what was applied, or why the database could not be reached.
+
+        Touches no state of its own, so a commit thread runs it without holding the lock that
+        guards the waiting outcomes.
+        """
         try:
-            report = self._commit(batch, now)
+            return self._commit(batch, self.clock.now())
         except CommitUnavailable as exc:
-            self.on_report(exc.report)
-            self._pending = [*self._keep_leased(exc.pending, now, bound), *self._pending]
+            return exc
+
+    def settle(self, result: FinalizeReport | CommitUnavailable, bound: Any) -> None:
+        """Report a commit's result; outcomes it could not write wait again, first in line, with backoff."""
+        if isinstance(result, CommitUnavailable):
+            self.on_report(result.report)
+            self._pending = [*self._keep_leased(result.pending, self.clock.now(), bound), *self._pending]
             self.outages += 1
             metrics.OUTCOME_COMMIT_DEFERRED.inc()
             self._backoff = min(RETRY_MAX_SECONDS, max(RETRY_FIRST_SECONDS, self._backoff * 2))
             self._retry_at = self.monotonic() + self._backoff
             bound.error(
                 "outcomes-commit-deferred",
-                reason=str(exc),
+                reason=str(result),
                 waiting=len(self._pending),
                 retry_in_s=round(self._backoff, 3),
             )
@@ -120,7 +160,7 @@ class Completer:
         self._backoff = self._retry_at = 0.0
         if self._pending:
             self._first_at = self.monotonic()
-        self.on_report(report)
+        self.on_report(result)
 
     def _keep_leased(self, outcomes: list[Outcome], now: datetime, bound: Any) -> list[Outcome]:
         """Outcomes whose lease still holds; the rest are dropped and logged."""
@@ -140,3 +180,16 @@ class Completer:
     def drop_expired(self, bound: Any) -> None:
         """Forget outcomes whose lease ran out (called while waiting for the database)."""
         self._pending = self._keep_leased(self._pending, self.clock.now(), bound)
+
+    # The inline completer commits on its caller's thread, so these have nothing to do beyond
+    # waiting; they exist so that the worker treats it and the commit thread alike.
+
+    def wait(self, seconds: float, sleep: Callable[[float], None]) -> None:
+        """Pause before looking again (a commit is due only by the clock here)."""
+        sleep(seconds)
+
+    def deliver(self) -> None:
+        """Reports are made as each commit ends: nothing is held back."""
+
+    def close(self) -> None:
+        """No thread to stop."""

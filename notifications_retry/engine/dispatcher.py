@@ -22,7 +22,7 @@ import structlog
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import ChannelClaim, claim_due, release
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.engine.completer import Completer
+from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
@@ -63,7 +63,7 @@ class Dispatcher:
         *,
         conf: RetrySettings,
         executor: Executor,
-        completer: Completer,
+        completer: Commits,
         reporter: OutcomeReporter,
         send_loop: Callable[[], SendLoop],
         monotonic: Callable[[], float],

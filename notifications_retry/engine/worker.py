@@ -30,7 +30,8 @@ from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
-from notifications_retry.engine.completer import Completer
+from notifications_retry.engine.commit_thread import ThreadedCompleter
+from notifications_retry.engine.completer import Commits, Completer
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
@@ -105,11 +106,18 @@ class Worker:
             attempts_by_type=conf.ATTEMPTS_BY_TYPE,
             threads=conf.WORKER_THREADS,
         )
-        self.completer = Completer(
+        completer = Completer(
             clock=self.clock,
             monotonic=monotonic,
             on_report=self.reporter.report,
             max_batch=max(1, min(conf.CLAIM_CHUNK_SIZE, self.batch_size)),
+        )
+        # Commits run beside the claims, on a connection of their own — unless this thread is inside
+        # a transaction (a test's), whose rows no other connection can see.
+        self.completer: Commits = (
+            ThreadedCompleter(completer)
+            if conf.COMMIT_THREAD and not connection.in_atomic_block
+            else completer
         )
         self.dispatcher = Dispatcher(
             conf=conf,
@@ -169,8 +177,9 @@ class Worker:
         return ticks
 
     def close(self) -> None:
-        """Release the lock, the providers' connections, the send loop and the thread pool."""
+        """Release the lock, providers' connections, the commit thread, the send loop and thread pool."""
         self.lock.close()
+        self.completer.close()
         self.channels.close()
         if self._send_loop is not None:
             self._send_loop.close()
@@ -186,6 +195,7 @@ class Worker:
         started = self.monotonic()
         bound = log.bind(job_run_id=stats.run_id, lane=self.lane)
         self.reporter.begin_tick(stats, bound)
+        self.completer.bound = bound
         try:
             _drop_broken_connection()
             # Outcomes a database outage left in hand go first: their leases are running out.
@@ -272,7 +282,8 @@ class Worker:
                 completer.drop_expired(bound)
             pause = min(completer.wait_hint(), 0.25)
             # A short sleep, not the stop event: once stopping, the event no longer waits at all.
-            (self._sleep or time.sleep)(pause)
+            completer.wait(pause, self._sleep or time.sleep)
+        completer.deliver()
 
     def _gave_up_after_stop(self) -> bool:
         """A stop was asked and the database stayed unreachable past the grace period."""
