@@ -329,12 +329,15 @@ class Dispatcher:
                     returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
                 self.running -= 1
                 self.done.put(Finished(outcome, returns))
+                # This call no longer counts against the channel's concurrency: at full concurrency
+                # the next record would otherwise wait for the worker's thread to start it.
+                rt.inflight -= 1
                 if not self.stopping() and rt.queue and rt.can_start(self.monotonic()):
                     record = rt.queue.popleft()
                     rt.begin(self.monotonic())
+                    rt.inflight += 1
                     self.running += 1
                     continue
-                rt.inflight -= 1
                 return
 
     def _account(self, rt: ChannelRuntime, outcome: Outcome, at: float) -> list[ClaimedRecord]:

@@ -121,3 +121,42 @@ def test_successes_and_permanent_failures_leave_the_queue_alone():
     assert feedback.account(rt, Outcome(record(), SENT)) == []
     assert feedback.account(rt, Outcome(record(), TERMINAL, error_kind="bad_request")) == []
     assert len(rt.queue) == 1 and not rt.breaker.is_open
+
+
+class _Executor:
+    """Answers every send at once with a delivery, recording the records in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[ClaimedRecord] = []
+
+    async def send_async(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        self.sent.append(record)
+        return Outcome(record, SENT)
+
+
+def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
+    import asyncio
+
+    from notifications_retry.engine.dispatcher import Dispatcher
+
+    executor = _Executor()
+    dispatcher = Dispatcher(
+        conf=get_settings(),
+        executor=executor,  # type: ignore[arg-type]
+        completer=None,  # type: ignore[arg-type]
+        reporter=None,  # type: ignore[arg-type]
+        send_loop=None,  # type: ignore[arg-type]
+        monotonic=lambda: 0.0,
+        stopping=lambda: False,
+        lane_priorities=None,
+    )
+    rt = runtime(max_concurrency=1)
+    first, *queued = [record() for _ in range(4)]
+    rt.queue.extend(queued)
+    rt.inflight, dispatcher.running = 1, 1  # as the worker's thread starts a slot
+    asyncio.run(dispatcher._slot(rt, first))
+    assert [r.id for r in executor.sent] == [first.id, *(r.id for r in queued)], (
+        "the slot itself kept the channel busy, without waiting for the worker's thread"
+    )
+    assert rt.inflight == 0 and dispatcher.running == 0 and not rt.queue
+    assert dispatcher.done.qsize() == 4
