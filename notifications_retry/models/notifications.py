@@ -1,0 +1,187 @@
+"""Notifications: one row per notification, the retry checkpoint."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .. import bounds
+from ..db_rules import notification_triggers
+from ..outcomes import CANCELLED
+from ..validation import reject_invalid_payload, reject_unstorable_text
+from .channels import ChannelConfig
+from .constraints import check_constraint
+
+#: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
+CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (outcomes.py)
+
+
+class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
+    def due(self, now: Any) -> NotificationQuerySet:
+        """Rows the worker may claim at ``now`` (the trigger-maintained ``due_at`` says when)."""
+        return self.filter(due_at__lte=now)
+
+    def dead_letters(self) -> NotificationQuerySet:
+        """Terminal failures, resolved or not."""
+        return self.filter(dead_lettered_at__isnull=False)
+
+    def unresolved_dead_letters(self) -> NotificationQuerySet:
+        return self.dead_letters().filter(resolution="")
+
+    def failed_backlog(self) -> NotificationQuerySet:
+        """Failed rows still waiting for a retry (not dead letters)."""
+        return self.filter(status=NotificationEntity.Status.FAILED, dead_lettered_at__isnull=True)
+
+    # The triage rules, in one place: the admin (offers, confirmation counts) and the triage service
+    # (which refuses the rest) both ask these.
+
+    def requeueable(self, now: Any) -> NotificationQuerySet:
+        """Dead letters a requeue may send again: not cancelled by the application, deadline not passed."""
+        return self.dead_letters().exclude(error_kind=CANCELLED_ERROR_KIND).exclude(expires_at__lte=now)
+
+    def discardable(self) -> NotificationQuerySet:
+        """Dead letters not discarded yet."""
+        return self.dead_letters().exclude(resolution=NotificationEntity.Resolution.DISCARDED)
+
+
+class NotificationEntity(models.Model):
+    """One notification to one recipient on one channel; its row is the retry checkpoint."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    class Priority(models.IntegerChoices):
+        HIGH = 0, "High"
+        NORMAL = 5, "Normal"
+        LOW = 9, "Low"
+
+    class Resolution(models.TextChoices):
+        UNRESOLVED = "", "Unresolved"
+        DISCARDED = "discarded", "Discarded"
+        UNRESOLVABLE = "unresolvable", "Unresolvable (retention expired)"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="NotificationId")
+    # Indexed only where triage looks (not Sent): see Meta.indexes.
+    tenant_id = models.UUIDField(null=True, blank=True)
+    channel = models.ForeignKey(
+        ChannelConfig, on_delete=models.PROTECT, related_name="notifications", db_index=False
+    )
+    # The API's rules (validation.py) as field validators, so full_clean and forms refuse the same.
+    recipient = models.TextField(
+        validators=[MaxLengthValidator(bounds.RECIPIENT_MAX_LENGTH), reject_unstorable_text]
+    )
+    payload = models.JSONField(default=dict, blank=True, validators=[reject_invalid_payload])
+    notification_type = models.CharField(
+        max_length=bounds.NOTIFICATION_TYPE_MAX_LENGTH,
+        validators=[reject_unstorable_text],
+        blank=True,
+        default="",
+        help_text="e.g. transactional, marketing: sets the attempt budget.",
+    )
+    priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True, help_text="Deferred (quiet hours) until then.")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Not sent after this deadline.")
+    due_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Maintained by a trigger: when the worker may take the row.",
+    )
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # NULL (no id from the provider) is kept apart from "", and finalize COALESCEs on it.
+    provider_message_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    last_error = models.TextField(blank=True, default="")
+    error_kind = models.CharField(max_length=64, blank=True, default="")
+    attempt_log = models.JSONField(default=list, blank=True, editable=False)
+    dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    dead_letter_reason = models.TextField(blank=True, default="")
+    resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    correlation_id = models.CharField(
+        max_length=bounds.CORRELATION_ID_MAX_LENGTH,
+        blank=True,
+        default="",
+        validators=[reject_unstorable_text],
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "notification"
+        permissions = [
+            ("requeue_notificationentity", "Can requeue dead-lettered notifications"),
+            ("discard_notificationentity", "Can discard dead-lettered notifications"),
+            ("view_recipient", "Can see notification recipients unmasked"),
+        ]
+        indexes = [
+            # Partial indexes: a tick's cost must not grow with the number of Sent rows.
+            models.Index(fields=["due_at", "priority"], name="nr_due_idx", condition=Q(due_at__isnull=False)),
+            models.Index(
+                fields=["channel", "due_at", "priority"],
+                name="nr_channel_due_idx",
+                condition=Q(due_at__isnull=False),
+            ),
+            models.Index(
+                fields=["dead_lettered_at"],
+                name="nr_dead_letter_idx",
+                condition=Q(dead_lettered_at__isnull=False),
+            ),
+            # Admin-only indexes stay off the hot path: a Sent row (the bulk of the table, and the outcome
+            # of nearly every write) enters neither. The provider message id has no index: every Sent
+            # row would enter it, and only the admin's search reads it (docs/performance.md, "Where the
+            # bytes go").
+            models.Index(
+                fields=["status", "created_at"], name="nr_status_created_idx", condition=~Q(status="sent")
+            ),
+            models.Index(fields=["tenant_id"], name="nr_tenant_idx", condition=~Q(status="sent")),
+        ]
+        constraints = [
+            check_constraint(Q(status__in=["pending", "sent", "failed"]), "nr_notification_status_valid"),
+            check_constraint(
+                Q(dead_lettered_at__isnull=True) | Q(status="failed"), "nr_dead_letter_is_failed"
+            ),
+            check_constraint(
+                Q(resolution="") | Q(dead_lettered_at__isnull=False), "nr_resolution_needs_dead_letter"
+            ),
+            check_constraint(Q(resolution__in=["", "discarded", "unresolvable"]), "nr_resolution_valid"),
+        ]
+        triggers = notification_triggers()
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}:{self.id} ({self.status})"
+
+    def clean_fields(self, exclude: Any = None) -> None:
+        """Check the payload first, iteratively: Django's JSONField.validate encodes it recursively,
+        so a payload nested past Python's recursion limit would raise RecursionError instead."""
+        errors: dict[str, list[ValidationError]] = {}
+        if exclude is None or "payload" not in exclude:
+            try:
+                reject_invalid_payload(self.payload)
+            except ValidationError as exc:
+                errors["payload"] = exc.error_list
+                exclude = {*(exclude or ()), "payload"}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as exc:
+            errors.update(exc.error_dict)
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.dead_lettered_at is not None
