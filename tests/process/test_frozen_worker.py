@@ -28,14 +28,15 @@ def stopped(pid: int) -> bool:
         return stat.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def test_a_frozen_worker_frees_its_rows_within_the_bound_and_loses_nothing(start_worker):
+@pytest.mark.parametrize("commit_thread", [False, True], ids=["inline-commits", "commit-thread"])
+def test_a_frozen_worker_frees_its_rows_within_the_bound_and_loses_nothing(start_worker, commit_thread):
     channel = ChannelFactory(
         key="slow", provider_key="stub", options={"delay_seconds": 0.001}, timeout_seconds=5
     )
     seed_due(channel, 30)
     worker = start_worker(
         ["--once", "--batch-size", "30"],
-        {"TRANSACTION_TIMEOUT_SECONDS": TIMEOUT, "LEASE_GRACE_SECONDS": 30},
+        {"TRANSACTION_TIMEOUT_SECONDS": TIMEOUT, "LEASE_GRACE_SECONDS": 30, "COMMIT_THREAD": commit_thread},
         env={"NR_TEST_FREEZE_IN_FINALIZE": "1"},
     )
     wait_until(lambda: stopped(worker.pid), 30, 0.02, "the worker froze inside its finalize")

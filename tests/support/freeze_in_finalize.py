@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import threading
 
 from django.apps import AppConfig
 
@@ -27,6 +28,8 @@ class FreezeInFinalizeConfig(AppConfig):
             nonlocal frozen
             if not frozen:
                 frozen = True
-                os.kill(os.getpid(), signal.SIGSTOP)
+                # To this thread: a process-wide SIGSTOP is taken by whichever thread the kernel
+                # picks, and until that one runs, a commit thread that sent it goes on to COMMIT.
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
         finalize.BEFORE_COMMIT = freeze
