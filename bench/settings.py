@@ -51,8 +51,6 @@ NOTIFICATIONS_RETRY: dict[str, object] = {
     "CLOCK": "system",
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
     "WORKER_THREADS": 64,
-    # The figures in docs/performance.md since the commit thread are measured with it on.
-    "COMMIT_THREAD": True,
 }
 # Worker subprocesses of the crash benchmark get a few settings more (a short lease grace) as JSON.
 NOTIFICATIONS_RETRY.update(json.loads(os.environ.get("NR_BENCH_SETTINGS_JSON") or "{}"))

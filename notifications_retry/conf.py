@@ -38,7 +38,7 @@ class RetrySettings:
     JITTER_RATIO: float = 0.1
     CLOCK: str = "database"
     WORKER_THREADS: int = 32
-    COMMIT_THREAD: bool = False
+    COMMIT_THREAD: bool = True
     CIRCUIT_FAILURE_THRESHOLD: int = 5
     CIRCUIT_COOLDOWN_SECONDS: float = 30.0
     THROTTLE_DEFAULT_SECONDS: float = 60.0

@@ -112,8 +112,8 @@ class Worker:
             on_report=self.reporter.report,
             max_batch=max(1, min(conf.CLAIM_CHUNK_SIZE, self.batch_size)),
         )
-        # With COMMIT_THREAD, commits run beside the claims on a connection of their own — unless
-        # this thread is inside a transaction (a test's), whose rows no other connection can see.
+        # Commits run beside the claims, on a connection of their own — unless this thread is inside
+        # a transaction (a test's), whose rows no other connection can see.
         self.completer: Commits = (
             ThreadedCompleter(completer)
             if conf.COMMIT_THREAD and not connection.in_atomic_block

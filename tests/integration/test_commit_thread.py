@@ -35,8 +35,7 @@ def rows(clock, server_url: str, count: int) -> list[NotificationEntity]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_outcomes_are_committed_on_the_commit_threads_own_connection(webhook_server, clock, settings):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": True}
+def test_outcomes_are_committed_on_the_commit_threads_own_connection(webhook_server, clock):
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     created = rows(clock, webhook_server.url, 12)
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
@@ -67,8 +66,7 @@ def test_outcomes_are_committed_on_the_commit_threads_own_connection(webhook_ser
 
 
 @pytest.mark.django_db
-def test_inside_a_transaction_the_worker_commits_inline(webhook_server, clock, settings):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": True}
+def test_inside_a_transaction_the_worker_commits_inline(webhook_server, clock):
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     rows(clock, webhook_server.url, 3)
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
@@ -79,7 +77,8 @@ def test_inside_a_transaction_the_worker_commits_inline(webhook_server, clock, s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_commits_are_inline_unless_the_commit_thread_is_asked_for(webhook_server, settings, clock):
+def test_commit_thread_can_be_turned_off(webhook_server, settings, clock):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": False}
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     rows(clock, webhook_server.url, 3)
     worker = Worker(batch_size=50, max_duration=30, clock=clock)

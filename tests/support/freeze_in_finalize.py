@@ -7,7 +7,6 @@ reach "a frozen worker holding an open transaction" deterministically rather tha
 from __future__ import annotations
 
 import importlib
-import os
 import signal
 import threading
 
