@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import factory
@@ -35,3 +36,16 @@ class NotificationFactory(factory.django.DjangoModelFactory):
     recipient = factory.Sequence(lambda n: f"user{n}@example.com")
     payload: Any = factory.LazyFunction(lambda: {"subject": "Hello", "body": "Your order shipped"})
     status = NotificationEntity.Status.PENDING
+
+
+def due_notifications(clock: Any, channel: ChannelConfig, count: int) -> list[NotificationEntity]:
+    """``count`` Failed rows of ``channel`` due for their second attempt, the oldest first in line."""
+    return [
+        NotificationFactory(
+            channel=channel,
+            status=NotificationEntity.Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=i + 1),
+        )
+        for i in range(count)
+    ]

@@ -15,21 +15,13 @@ from notifications_retry.delivery import RETRY, SENT, ChannelClaim, Outcome, cla
 from notifications_retry.engine.worker import Worker
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity, Outbox
-from tests.factories import ChannelFactory, NotificationFactory
+from tests.factories import ChannelFactory, NotificationFactory, due_notifications
 
 Status = NotificationEntity.Status
 
 
 def due_records(clock, channel, n):
-    return [
-        NotificationFactory(
-            channel=channel,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=i + 1),
-        )
-        for i in range(n)
-    ]
+    return due_notifications(clock, channel, n)
 
 
 def plan(channel, limit=100, lease=60.0):

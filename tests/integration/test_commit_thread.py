@@ -4,7 +4,6 @@ a transaction (a test's), which no other connection could see."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -13,7 +12,7 @@ from notifications_retry.engine.commit_thread import ThreadedCompleter
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
-from tests.factories import ChannelFactory, NotificationFactory
+from tests.factories import ChannelFactory, due_notifications
 from tests.support.http_server import Reply
 
 Status = NotificationEntity.Status
@@ -23,15 +22,7 @@ def rows(clock, server_url: str, count: int) -> list[NotificationEntity]:
     channel = ChannelFactory(
         key="hook", provider_key="webhook", options={"url": server_url}, max_concurrency=4
     )
-    return [
-        NotificationFactory(
-            channel=channel,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=i + 1),
-        )
-        for i in range(count)
-    ]
+    return due_notifications(clock, channel, count)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -65,8 +56,17 @@ def test_outcomes_are_committed_on_the_commit_threads_own_connection(webhook_ser
     assert not [t for t in threading.enumerate() if t.name == "notifications-retry-completer"]
 
 
-@pytest.mark.django_db
-def test_inside_a_transaction_the_worker_commits_inline(webhook_server, clock):
+@pytest.mark.parametrize(
+    "commit_thread",
+    [
+        pytest.param(True, marks=pytest.mark.django_db, id="inside-a-transaction"),
+        pytest.param(False, marks=pytest.mark.django_db(transaction=True), id="turned-off"),
+    ],
+)
+def test_commits_are_inline_inside_a_transaction_or_when_turned_off(
+    webhook_server, settings, clock, commit_thread
+):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": commit_thread}
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     rows(clock, webhook_server.url, 3)
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
@@ -74,17 +74,6 @@ def test_inside_a_transaction_the_worker_commits_inline(webhook_server, clock):
     [stats] = worker.run(once=True)
     assert stats.sent == 3
     assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
-
-
-@pytest.mark.django_db(transaction=True)
-def test_commit_thread_can_be_turned_off(webhook_server, settings, clock):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": False}
-    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
-    rows(clock, webhook_server.url, 3)
-    worker = Worker(batch_size=50, max_duration=30, clock=clock)
-    assert type(worker.completer) is Completer
-    [stats] = worker.run(once=True)
-    assert stats.sent == 3
 
 
 @pytest.mark.django_db
