@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
+
 from notifications_retry.conf import get_settings
 
 _BOUND = (
@@ -24,3 +26,14 @@ def bound_transaction(cursor: Any) -> None:
     """Let the server end the current transaction if it idles or a statement runs past the bound."""
     ms = f"{int(get_settings().TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"
     cursor.execute(_BOUND, {"ms": ms})
+
+
+def drop_broken_connection() -> None:
+    """Reconnect after a lost connection (server restart, terminated backend) instead of failing forever.
+
+    Unlike ``close_old_connections`` this keeps a healthy connection, whatever ``CONN_MAX_AGE`` says:
+    a long-running worker has no request cycle to bound a connection's life. The connection is this
+    thread's own (the worker's, or the commit thread's); the next statement opens a new one.
+    """
+    if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
+        connection.close()

@@ -24,6 +24,7 @@ import structlog
 from django.db import connection
 
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport
+from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine.completer import Completer
 from notifications_retry.outcomes import Outcome
 
@@ -51,8 +52,6 @@ class ThreadedCompleter:
         self._committing = 0  # outcomes of the batch being committed right now
         self._flush = False
         self._error: BaseException | None = None
-        #: The logger of the tick under way: the thread logs outages with its run id.
-        self.bound: Any = log
         self._name = name
         # Started by the first outcome (a worker built and never run holds no thread, no connection)
         # and again after close(): a worker's run() closes it, and a test may run a worker twice.
@@ -71,8 +70,13 @@ class ThreadedCompleter:
         return self._completer.unavailable
 
     @property
-    def outages(self) -> int:
-        return self._completer.outages
+    def bound(self) -> Any:
+        """The logger of the tick under way (the completer's): the thread logs outages with its run id."""
+        return self._completer.bound
+
+    @bound.setter
+    def bound(self, value: Any) -> None:
+        self._completer.bound = value
 
     def add(self, outcomes: Iterable[Outcome]) -> None:
         new = list(outcomes)
@@ -151,10 +155,10 @@ class ThreadedCompleter:
                         return
                     batch = completer.take()
                     self._committing = len(batch)
-                    bound = self.bound
+                    bound = completer.bound
                 try:
                     if completer.unavailable:
-                        _drop_broken_connection()
+                        drop_broken_connection()
                     result = completer.run(batch)
                 except BaseException as exc:  # handed to the worker's thread, as an inline commit would raise
                     result = None
@@ -168,9 +172,3 @@ class ThreadedCompleter:
                     self._cond.notify_all()
         finally:
             connection.close()  # this thread's own connection
-
-
-def _drop_broken_connection() -> None:
-    """After an outage the thread's connection may be dead: a new one is opened by the next statement."""
-    if connection.connection is not None and not connection.is_usable():
-        connection.close()

@@ -28,6 +28,7 @@ from django.db import DatabaseError, InterfaceError, connection
 
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.commit_thread import ThreadedCompleter
@@ -197,7 +198,7 @@ class Worker:
         self.reporter.begin_tick(stats, bound)
         self.completer.bound = bound
         try:
-            _drop_broken_connection()
+            drop_broken_connection()
             # Outcomes a database outage left in hand go first: their leases are running out.
             self._commit_waiting(bound)
             if not self.lock.acquire():
@@ -358,16 +359,6 @@ class Worker:
             deadline_reached=stats.deadline_reached,
             lock_lost=stats.lock_lost,
         )
-
-
-def _drop_broken_connection() -> None:
-    """Reconnect after a lost connection (server restart, terminated backend) instead of failing forever.
-
-    Unlike ``close_old_connections`` this keeps a healthy connection, whatever ``CONN_MAX_AGE`` says:
-    a long-running worker has no request cycle to bound a connection's life.
-    """
-    if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
-        connection.close()
 
 
 def run_worker(
