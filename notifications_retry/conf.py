@@ -39,6 +39,7 @@ class RetrySettings:
     CLOCK: str = "database"
     WORKER_THREADS: int = 32
     COMMIT_THREAD: bool = True
+    CLAIM_THREAD: bool = True
     CIRCUIT_FAILURE_THRESHOLD: int = 5
     CIRCUIT_COOLDOWN_SECONDS: float = 30.0
     THROTTLE_DEFAULT_SECONDS: float = 60.0
@@ -122,8 +123,9 @@ def settings_problems(conf: RetrySettings) -> list[str]:
                 )
                 return problems
         problems.extend(share_problems(conf.LANES))
-    if not isinstance(conf.COMMIT_THREAD, bool):
-        problems.append(f"COMMIT_THREAD must be True or False, got {conf.COMMIT_THREAD!r}")
+    for name in ("COMMIT_THREAD", "CLAIM_THREAD"):
+        if not isinstance(getattr(conf, name), bool):
+            problems.append(f"{name} must be True or False, got {getattr(conf, name)!r}")
     if not isinstance(conf.LOCK_DATABASE_POOLED, bool):
         problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
     if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):

@@ -20,8 +20,10 @@ from typing import Any
 import structlog
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, claim_due, release
+from notifications_retry.delivery import ChannelClaim, release
 from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.engine.claim_thread import ClaimThread
+from notifications_retry.engine.claiming import Claims
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
@@ -29,7 +31,6 @@ from notifications_retry.engine.feedback import FlowFeedback, take_queue, thrott
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.locks import AdvisoryLock
-from notifications_retry.observability import metrics
 from notifications_retry.outcomes import THROTTLED, ClaimedRecord, Failure, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
@@ -69,6 +70,7 @@ class Dispatcher:
         monotonic: Callable[[], float],
         stopping: Callable[[], bool],
         lane_priorities: list[int] | None,
+        claim_thread: ClaimThread | None = None,
     ) -> None:
         self.conf = conf
         self.executor = executor
@@ -81,12 +83,22 @@ class Dispatcher:
         self.lock = threading.Lock()
         self.running = 0  # calls started and not yet handed back through ``done``
         self.done: queue.SimpleQueue[Finished] = queue.SimpleQueue()
-        #: Rows the claim could not read or lease, skipped from then on (logged once each).
-        self.poisoned: set[Any] = set()
         #: Set when the tick stopped waiting for calls that outlived every bound.
         self.abandoned = False
         self.feedback = FlowFeedback(conf, monotonic, None)
         self.failover = Failover(executor, self.feedback, self.lock, monotonic)
+        self.claims = Claims(
+            conf=conf,
+            now=lambda: self.executor.clock.now(),  # the executor's clock, as the tick sets it
+            reporter=reporter,
+            completer=completer,
+            queue_lock=self.lock,
+            settle_one=self._settle_one,
+            lane_priorities=lane_priorities,
+            claim_thread=claim_thread,
+        )
+        #: Held while inline channels' state is read or changed: two claims may settle at once.
+        self.settle_lock = self.claims.settle_lock
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -113,6 +125,8 @@ class Dispatcher:
         calls_bound = max([float(rt.config.timeout_seconds) for rt in runtimes.values()] or [0.0])
         calls_bound += CALLS_DRAIN_GRACE_SECONDS
         drain_from: float | None = None
+        claims = self.claims
+        claims.begin_tick()
         while True:
             now_mono = self.monotonic()
             if claiming and (self.stopping() or now_mono >= deadline or remaining <= 0):
@@ -127,13 +141,17 @@ class Dispatcher:
                 break
             if self.stopping() and any(rt.queue for rt in runtimes.values()):
                 self._release_queued(runtimes, bound, "stop requested before they were sent")
+            claims.take_ahead(bound, wait=not claiming)
             if claiming:
-                plan = [
-                    ChannelClaim(cid, rt.capacity(now_mono, chunk), rt.lease_seconds(self.conf))
-                    for cid, rt in runtimes.items()
-                ]
+                with self.settle_lock:
+                    plan = [
+                        ChannelClaim(cid, rt.capacity(now_mono, chunk), rt.lease_seconds(self.conf))
+                        for cid, rt in runtimes.items()
+                    ]
                 plan = [p for p in plan if p.limit > 0]
-                if plan:
+                if not plan:
+                    claims.take_ahead(bound, wait=True)  # nothing to claim beside it: wait, not spin
+                else:
                     if self.monotonic() - lock_checked_at >= LOCK_CHECK_SECONDS:
                         lock_checked_at = self.monotonic()
                         lock_ok = lock.still_held()
@@ -142,8 +160,8 @@ class Dispatcher:
                         bound.error("retry-cycle-lock-lost")
                         claiming = False
                     else:
-                        self._claim(plan, remaining, runtimes, stats, bound)
-                        remaining = batch_size - stats.claims
+                        claims.claim(plan, remaining, runtimes, stats, bound)
+                        remaining = batch_size - stats.claims - claims.reserved
             self._start(runtimes)
             # Wait for finished calls no longer than the completer may hold an outcome back.
             wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
@@ -153,17 +171,22 @@ class Dispatcher:
             self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
             with self.lock:
                 queued = any(rt.queue for rt in runtimes.values())
-                idle = not self.running and self.done.empty() and not queued
+                idle = not self.running and self.done.empty() and not queued and not claims.running
                 calls = bool(self.running)
             if completer.due(flush=idle or not claiming):
                 completer.commit(bound)
             if idle:
                 if not claiming:
                     break
-                if not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values()):
-                    break  # every channel is exhausted, paused or open-circuited for now
+                with self.settle_lock:
+                    if not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values()):
+                        break  # every channel is exhausted, paused or open-circuited for now
             elif not calls and queued:
                 time.sleep(min(0.05, self._wait_time(runtimes), completer.wait_hint()))
+
+    def finish_claims(self, bound: Any) -> None:
+        """Take in a claim still running on the claim thread, then close that thread's connection."""
+        self.claims.finish(bound)
 
     def finish_calls(self, bound: Any, timeout: float) -> None:
         """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""
@@ -176,60 +199,14 @@ class Dispatcher:
 
     # -- claiming ------------------------------------------------------------------------------
 
-    def _claim(
-        self,
-        plan: list[ChannelClaim],
-        remaining: int,
-        runtimes: dict[int, ChannelRuntime],
-        stats: TickStats,
-        bound: Any,
-    ) -> None:
-        budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
-        pending: list[Outcome] = []
-
-        def settle(record: ClaimedRecord) -> Outcome | None:
-            # Providers without I/O deliver inside the claim: one row write instead of lease + finalize.
-            rt = runtimes[record.channel_id]
-            if not rt.inline:
-                return None
-            if self.monotonic() < rt.paused_until:
-                return self._deferred(rt, record)
-            if rt.queue or not rt.can_start(self.monotonic()):
-                return None
-            return self._send_inline(rt, record, pending)
-
-        batch = claim_due(
-            self.executor.clock.now(),
-            plan,
-            total=remaining,
-            budgets=budgets,
-            attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
-            priorities=self.lane_priorities,
-            settle=settle,
-            skip=self.poisoned,
-        )
-        got: dict[int, int] = {}
-        with self.lock:
-            for record in batch.records:
-                runtimes[record.channel_id].queue.append(record)
-                got[record.channel_id] = got.get(record.channel_id, 0) + 1
-        stats.claims += len(batch.records) + len(batch.settled)
-        # Settled-in-claim rows were committed with the claim: account for them now.
-        for outcome in batch.settled:
-            got[outcome.record.channel_id] = got.get(outcome.record.channel_id, 0) + 1
-            self.reporter.record(outcome)
-        # Deferred or released records from inline sends that paused a channel (their rows were
-        # claimed in this same claim: they wait for the completer like any other outcome).
-        self.completer.add(o for o in pending if o.record.claim_token is not None)
-        for nid, reason in batch.poisoned.items():
-            self.poisoned.add(nid)
-            stats.poisoned += 1
-            metrics.POISONED.inc()
-            bound.error("item-quarantined", notification_id=str(nid), reason=reason)
-        if not batch.more and not batch.poisoned and len(batch.records) + len(batch.settled) < remaining:
-            for p in plan:
-                if got.get(p.channel_id, 0) < p.limit:
-                    runtimes[p.channel_id].exhausted = True
+    def _settle_one(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome | None:
+        """A claimed record of an inline channel, delivered now if it may start (the caller holds the
+        settle lock); None leases it for later."""
+        if self.monotonic() < rt.paused_until:
+            return self._deferred(rt, record)
+        if rt.queue or not rt.can_start(self.monotonic()):
+            return None
+        return self._send_inline(rt, record, out)
 
     def _deferred(self, rt: ChannelRuntime, record: ClaimedRecord, at: float | None = None) -> Outcome:
         """A claimed record of a throttled channel, rescheduled unsent for when the pause (as seen at
@@ -251,8 +228,9 @@ class Dispatcher:
         for rt in runtimes.values():
             if rt.inline:
                 outcomes: list[Outcome] = []
-                while rt.queue and rt.can_start(self.monotonic()):
-                    self._send_inline(rt, rt.queue.popleft(), outcomes)
+                with self.settle_lock:
+                    while rt.queue and rt.can_start(self.monotonic()):
+                        self._send_inline(rt, rt.queue.popleft(), outcomes)
                 self.completer.add(outcomes)
                 continue
             started: list[ClaimedRecord] = []

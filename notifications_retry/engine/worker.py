@@ -31,6 +31,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
+from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.commit_thread import ThreadedCompleter
 from notifications_retry.engine.completer import Commits, Completer
 from notifications_retry.engine.dispatcher import Dispatcher
@@ -129,6 +130,8 @@ class Worker:
             monotonic=monotonic,
             stopping=self._stop.is_set,
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
+            # Like the commit thread: no second connection inside a (test's) transaction.
+            claim_thread=ClaimThread() if conf.CLAIM_THREAD and not connection.in_atomic_block else None,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -250,6 +253,7 @@ class Worker:
                     bound=bound,
                 )
             finally:
+                self.dispatcher.finish_claims(bound)
                 # Calls still running (an exception left the loop) end within their timeout.
                 self.dispatcher.finish_calls(bound, self._calls_timeout(runtimes.values()))
             self._commit_waiting(bound)

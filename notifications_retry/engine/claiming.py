@@ -1,0 +1,209 @@
+"""Claims of one tick: what to claim, a second claim beside it when inline rows have a backlog, and
+taking in what each claim returned.
+
+A claim settles inline channels' records on the spot (their outcomes are written by the claim's own
+transaction) and leases the others for the send loop. With a backlog of inline rows one claim at a
+time leaves a core idle: the worker's Python and the server take turns. So once a claim of inline
+channels alone came back full, every claim on the worker's thread has another running beside it on
+the claim thread (engine.claim_thread), each on its own connection; ``SKIP LOCKED`` keeps their rows
+apart. Settling runs under :attr:`Claims.settle_lock` (the channels' rate limiter, circuit and pause
+are shared); everything a claim returned is taken in on the worker's thread, so the tick's stats and
+the reporter need no lock.
+
+A claim that comes back short beside another may only have met the other's locked rows, so it never
+marks a channel exhausted: claims go back to one at a time, and a short claim alone does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Collection
+from concurrent.futures import Future
+from datetime import datetime
+from typing import Any
+
+from notifications_retry.conf import RetrySettings
+from notifications_retry.delivery import ChannelClaim, ClaimBatch, claim_due
+from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.engine.claim_thread import ClaimThread
+from notifications_retry.engine.completer import Commits
+from notifications_retry.engine.reporting import OutcomeReporter, TickStats
+from notifications_retry.observability import metrics
+from notifications_retry.outcomes import ClaimedRecord, Outcome
+
+#: Delivers an inline channel's claimed record now (its outcome), or None to lease it; deferred
+#: records' outcomes go to the list. Called with the settle lock held.
+SettleOne = Callable[[ChannelRuntime, ClaimedRecord, list[Outcome]], Outcome | None]
+
+
+@dataclasses.dataclass
+class AheadClaim:
+    """A claim running on the claim thread, and what the worker's thread needs to take it in."""
+
+    future: Future[tuple[ClaimBatch, list[Outcome]]]
+    plan: list[ChannelClaim]
+    total: int
+    runtimes: dict[int, ChannelRuntime]
+    stats: TickStats
+
+
+class Claims:
+    """Runs a tick's claims and takes in their rows; one per worker, reset by :meth:`begin_tick`."""
+
+    def __init__(
+        self,
+        *,
+        conf: RetrySettings,
+        now: Callable[[], datetime],
+        reporter: OutcomeReporter,
+        completer: Commits,
+        queue_lock: threading.Lock,
+        settle_one: SettleOne,
+        lane_priorities: list[int] | None,
+        claim_thread: ClaimThread | None = None,
+    ) -> None:
+        self.conf = conf
+        self.now = now
+        self.reporter = reporter
+        self.completer = completer
+        self.queue_lock = queue_lock
+        self.settle_one = settle_one
+        self.lane_priorities = lane_priorities
+        self.claim_thread = claim_thread
+        #: Held while inline channels' state is read or changed: two claims may settle at once.
+        self.settle_lock = threading.Lock()
+        #: Rows the claim could not read or lease, skipped from then on (logged once each).
+        self.poisoned: set[Any] = set()
+        self.ahead: AheadClaim | None = None
+        #: Whether claims run two at a time now (inline channels with a backlog).
+        self.paired = False
+
+    def begin_tick(self) -> None:
+        self.ahead, self.paired = None, False
+
+    @property
+    def running(self) -> bool:
+        """A claim is running on the claim thread."""
+        return self.ahead is not None
+
+    @property
+    def reserved(self) -> int:
+        """Rows the claim on the claim thread may still return (counted against the tick's batch)."""
+        return self.ahead.total if self.ahead is not None else 0
+
+    def claim(
+        self,
+        plan: list[ChannelClaim],
+        remaining: int,
+        runtimes: dict[int, ChannelRuntime],
+        stats: TickStats,
+        bound: Any,
+    ) -> None:
+        """Claim up to ``remaining`` rows by ``plan`` here, with one more claim beside it when paired."""
+        if self.paired and self.ahead is None and self.claim_thread is not None:
+            total = min(remaining, sum(p.limit for p in plan))
+            skip = frozenset(self.poisoned)
+            future = self.claim_thread.submit(lambda: self._claim_rows(plan, total, runtimes, skip))
+            self.ahead = AheadClaim(future, plan, total, runtimes, stats)
+            remaining -= total
+            if remaining <= 0:
+                return
+        alone = self.ahead is None
+        batch, pending = self._claim_rows(plan, remaining, runtimes, self.poisoned)
+        self._take(batch, pending, plan, remaining, runtimes, stats, bound, alone=alone)
+
+    def take_ahead(self, bound: Any, *, wait: bool) -> None:
+        """Take in the claim thread's claim if it ended, or (``wait``, or no longer paired) once it ends."""
+        ahead = self.ahead
+        if ahead is None or not (wait or not self.paired or ahead.future.done()):
+            return
+        self.ahead = None
+        batch, pending = ahead.future.result()
+        self._take(batch, pending, ahead.plan, ahead.total, ahead.runtimes, ahead.stats, bound, alone=False)
+
+    def finish(self, bound: Any) -> None:
+        """End of a tick: take in a claim still running beside (its rows are committed), then close the
+        claim thread's connection, so a tick leaves no second session open."""
+        try:
+            self.take_ahead(bound, wait=True)
+        except Exception as exc:  # the tick may be ending on an error already: say this one, keep that one
+            bound.error("claim-failed", error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            if self.claim_thread is not None:
+                self.claim_thread.close()
+
+    def _claim_rows(
+        self,
+        plan: list[ChannelClaim],
+        total: int,
+        runtimes: dict[int, ChannelRuntime],
+        skip: Collection[Any],
+    ) -> tuple[ClaimBatch, list[Outcome]]:
+        """One claim, on whichever thread calls it: what it leased and settled, and the outcomes of the
+        records its inline sends deferred (committed like any other)."""
+        budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
+        pending: list[Outcome] = []
+
+        def settle(record: ClaimedRecord) -> Outcome | None:
+            # Providers without I/O deliver inside the claim: one row write instead of lease + finalize.
+            rt = runtimes[record.channel_id]
+            if not rt.inline:
+                return None
+            with self.settle_lock:
+                return self.settle_one(rt, record, pending)
+
+        batch = claim_due(
+            self.now(),
+            plan,
+            total=total,
+            budgets=budgets,
+            attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
+            priorities=self.lane_priorities,
+            settle=settle,
+            skip=skip,
+        )
+        return batch, pending
+
+    def _take(
+        self,
+        batch: ClaimBatch,
+        pending: list[Outcome],
+        plan: list[ChannelClaim],
+        remaining: int,
+        runtimes: dict[int, ChannelRuntime],
+        stats: TickStats,
+        bound: Any,
+        *,
+        alone: bool,
+    ) -> None:
+        """Queue, count and report what a claim returned (on the worker's thread)."""
+        got: dict[int, int] = {}
+        with self.queue_lock:
+            for record in batch.records:
+                runtimes[record.channel_id].queue.append(record)
+                got[record.channel_id] = got.get(record.channel_id, 0) + 1
+        stats.claims += len(batch.records) + len(batch.settled)
+        # Settled-in-claim rows were committed with the claim: account for them now.
+        for outcome in batch.settled:
+            got[outcome.record.channel_id] = got.get(outcome.record.channel_id, 0) + 1
+            self.reporter.record(outcome)
+        # Deferred or released records from inline sends that paused a channel (their rows were
+        # claimed in this same claim: they wait for the completer like any other outcome).
+        self.completer.add(o for o in pending if o.record.claim_token is not None)
+        for nid, reason in batch.poisoned.items():
+            self.poisoned.add(nid)
+            stats.poisoned += 1
+            metrics.POISONED.inc()
+            bound.error("item-quarantined", notification_id=str(nid), reason=reason)
+        full = all(got.get(p.channel_id, 0) >= p.limit for p in plan)
+        if not alone:
+            self.paired = self.paired and full
+            return
+        # A full claim of inline channels alone: a backlog, worth a second claimer from now on.
+        inline = all(runtimes[p.channel_id].inline for p in plan)
+        self.paired = self.claim_thread is not None and full and inline
+        if not batch.more and not batch.poisoned and len(batch.records) + len(batch.settled) < remaining:
+            for p in plan:
+                if got.get(p.channel_id, 0) < p.limit:
+                    runtimes[p.channel_id].exhausted = True
