@@ -9,16 +9,21 @@ from __future__ import annotations
 import pgtrigger
 
 # Kept in one place: the due-time rule the claim index and the trigger agree on.
-DUE_AT_SQL = """
-    NEW.due_at := CASE
+DUE_AT_RULE = """CASE
         WHEN NEW.claim_token IS NOT NULL THEN NEW.claim_expires_at
         WHEN NEW.status = 'failed' AND NEW.dead_lettered_at IS NULL
             THEN COALESCE(NEW.next_attempt_at, NEW.created_at)
         WHEN NEW.status = 'pending' THEN NEW.scheduled_at
         ELSE NULL
-    END;
+    END"""
+DUE_AT_SQL = f"""
+    NEW.due_at := {DUE_AT_RULE};
     RETURN NEW;
 """
+# The trigger runs only when a write left due_at off the rule: the worker's claim and finalize set it
+# themselves, and a PL/pgSQL call per row (with django-pgtrigger's ignore check, a subtransaction
+# each) was a measurable share of a drain's server time (docs/performance.md).
+DUE_AT_OFF_RULE = f"NEW.due_at IS DISTINCT FROM ({DUE_AT_RULE})"
 
 
 # The refund of an unstarted claim (delivery.release): one attempt given back, the lease cleared, the
@@ -121,6 +126,7 @@ def notification_triggers() -> list[pgtrigger.Trigger]:
             name="nr_maintain_due_at",
             when=pgtrigger.Before,
             operation=pgtrigger.Insert | pgtrigger.Update,
+            condition=pgtrigger.Condition(DUE_AT_OFF_RULE),
             func=DUE_AT_SQL,
         ),
         pgtrigger.Trigger(

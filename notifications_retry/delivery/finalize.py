@@ -86,6 +86,10 @@ SET status = v.status,
     dead_letter_reason = v.dead_letter_reason,
     claim_token = NULL,
     claim_expires_at = NULL,
+    -- db_rules.DUE_AT_RULE for the row as written: the trigger then has nothing to correct.
+    due_at = CASE WHEN v.status = 'failed' AND v.dead_lettered_at IS NULL
+                      THEN COALESCE(v.next_attempt_at, t.created_at)
+                  WHEN v.status = 'pending' THEN t.scheduled_at END,
     updated_at = %(now)s,
     attempt_log = t.attempt_log || jsonb_build_array(v.log_entry)
 FROM jsonb_to_recordset(%(rows)s::jsonb)

@@ -1,0 +1,90 @@
+"""``due_at`` always follows its rule (db_rules.DUE_AT_RULE): the worker's claim and finalize write it
+themselves, and the trigger corrects any other write that leaves it off the rule."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from notifications_retry.delivery import RETRY, SENT, TERMINAL, ChannelClaim, Outcome, claim_due, finalize
+from notifications_retry.models import NotificationEntity
+from tests.factories import ChannelFactory, due_notifications
+
+TABLE = NotificationEntity._meta.db_table
+
+
+def due_at(pk) -> object:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT due_at FROM {TABLE} WHERE id = %s", [pk])
+        return cursor.fetchone()[0]
+
+
+def rule(pk) -> object:
+    """The rule, computed from the row as it is now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT CASE WHEN claim_token IS NOT NULL THEN claim_expires_at
+                       WHEN status = 'failed' AND dead_lettered_at IS NULL
+                           THEN COALESCE(next_attempt_at, created_at)
+                       WHEN status = 'pending' THEN scheduled_at END
+                FROM {TABLE} WHERE id = %s""",
+            [pk],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_a_raw_write_that_leaves_due_at_off_the_rule_is_corrected(clock):
+    (row,) = due_notifications(clock, ChannelFactory(key="in_app"), 1)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET due_at = now() + interval '9 days' WHERE id = %s", [row.pk])
+        assert due_at(row.pk) == rule(row.pk) == clock.now() - timedelta(seconds=1)
+        later = clock.now() + timedelta(hours=1)
+        cursor.execute(f"UPDATE {TABLE} SET next_attempt_at = %s WHERE id = %s", [later, row.pk])
+        assert due_at(row.pk) == later, "a write that moves the rule's inputs moves due_at"
+        cursor.execute(
+            f"UPDATE {TABLE} SET status = 'sent', provider_message_id = 'm' WHERE id = %s", [row.pk]
+        )
+        assert due_at(row.pk) is None
+
+
+def trigger_off() -> None:
+    """The due-time trigger disabled inside the test's transaction (rolled back with it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname LIKE %s",
+            [TABLE, "pgtrigger_nr_maintain_due_at%"],
+        )
+        (name,) = cursor.fetchone()
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no deferred checks pending: ALTER may run
+        cursor.execute(f"ALTER TABLE {TABLE} DISABLE TRIGGER {name}")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("result", [SENT, RETRY, TERMINAL])
+def test_the_claim_and_the_finalize_write_the_rule_themselves(clock, result):
+    channel = ChannelFactory(key="in_app", timeout_seconds=5)
+    (row,) = due_notifications(clock, channel, 1)
+    trigger_off()
+    batch = claim_due(
+        clock.now(),
+        [ChannelClaim(channel.pk, 10, 40.0)],
+        total=10,
+        budgets={channel.pk: (channel.max_attempts, channel.key)},
+    )
+    (record,) = batch.records
+    assert due_at(row.pk) == rule(row.pk) == clock.now() + timedelta(seconds=40), "leased: due at expiry"
+    later = clock.now() + timedelta(minutes=5)
+    outcome = Outcome(
+        record,
+        result,
+        provider_message_id="m" if result == SENT else None,
+        error="" if result == SENT else "refused",
+        error_kind="" if result == SENT else "http_4xx",
+        next_attempt_at=later if result == RETRY else None,
+    )
+    report = finalize([outcome], clock.now())
+    assert [o.record.id for o in report.applied] == [row.pk]
+    assert due_at(row.pk) == rule(row.pk) == (later if result == RETRY else None)
