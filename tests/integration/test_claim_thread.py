@@ -5,6 +5,8 @@ that comes back short beside another never ends the tick early."""
 from __future__ import annotations
 
 import threading
+import time
+from typing import ClassVar
 
 import pytest
 from django.db import OperationalError, connection
@@ -12,6 +14,7 @@ from django.db import OperationalError, connection
 from notifications_retry.engine import claiming
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.providers.stub import StubProvider
 from tests.factories import ChannelFactory, due_notifications
 
 Status = NotificationEntity.Status
@@ -148,3 +151,40 @@ def test_claim_thread_must_be_a_bool(settings):
 
     settings.NOTIFICATIONS_RETRY = {"CLAIM_THREAD": 1}
     assert any("CLAIM_THREAD must be True or False" in p for p in settings_problems(get_settings()))
+
+
+class OverlapProvider(StubProvider):
+    """An inline provider that notes how many of its sends ran at once, and on which threads."""
+
+    key = "overlap"
+    active = 0
+    most = 0
+    threads: ClassVar[set[str]] = set()
+
+    def send(self, message):
+        cls = type(self)
+        cls.active += 1
+        cls.most = max(cls.most, cls.active)
+        cls.threads.add(threading.current_thread().name.split("_")[0])
+        time.sleep(0.0002)  # lets the other claiming thread run, were it allowed to send now
+        cls.active -= 1
+        return super().send(message)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_inline_sends_never_run_at_once(settings, small_chunks, clock):
+    settings.NOTIFICATIONS_RETRY = {
+        **settings.NOTIFICATIONS_RETRY,
+        "PROVIDERS": {"overlap": f"{__name__}.OverlapProvider"},
+    }
+    OverlapProvider.most, OverlapProvider.threads = 0, set()
+    rows = due_notifications(clock, ChannelFactory(key="bulk", provider_key="overlap"), 200)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    try:
+        [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert stats.sent == 200
+    assert CLAIMER in OverlapProvider.threads and len(OverlapProvider.threads) == 2
+    assert OverlapProvider.most == 1, "settling is serialized across the two claiming threads"
+    assert_delivered_once(rows)
