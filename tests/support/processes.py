@@ -38,6 +38,9 @@ def worker_env(
             "NR_TEST_SETTINGS_JSON": json.dumps(dict(settings or {})),
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
+            # A worker that outlives a test's wait is sent SIGABRT: faulthandler then writes every
+            # thread's stack to its log, which the failure shows (WorkerProcess.wait).
+            "PYTHONFAULTHANDLER": "1",
         }
     )
     env.update(extra or {})
@@ -87,9 +90,24 @@ class WorkerProcess:
             self.proc.wait(10)
 
     def wait(self, timeout: float) -> int:
-        """The exit status, waiting at most ``timeout`` seconds."""
+        """The exit status, waiting at most ``timeout`` seconds.
+
+        A worker still running then fails the test with what it was doing: it is sent SIGABRT, on
+        which faulthandler writes every thread's stack to its log, and the log's tail is the message.
+        """
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            raise AssertionError(
+                f"the worker was still running {timeout:g} s later; its log, with its threads' stacks:\n"
+                + self.output()[-8000:]
+            ) from None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
