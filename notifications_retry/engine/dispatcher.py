@@ -1,12 +1,13 @@
 """The dispatcher: one tick's scheduling loop — claim what can start soon, start sends, hand outcomes on.
 
-Two threads share the work. The worker's thread (this loop) claims, runs inline providers, and
-commits outcomes through the :class:`~.completer.Completer`; the send loop's thread runs the provider
-calls. A finished call feeds its channel's flow control and starts the channel's next queued record
-itself, under one lock, so a slot never waits for the worker's thread while that thread claims or
-commits. Records a channel can no longer send (its circuit opened, the provider asked it to wait)
-are handed back to the worker's thread, which gives them back or reschedules them — unless the channel
-has a fallback that can take them (engine.failover).
+Two threads share the work. The worker's thread (this loop) claims (engine.claiming: with a second
+claimer beside it when inline channels have a backlog), runs inline providers, and hands outcomes to
+the :class:`~.completer.Completer`; the send loop's thread runs the provider calls. A finished call
+feeds its channel's flow control and starts the channel's next queued record itself, under one lock,
+so a slot never waits for the worker's thread while that thread claims or commits. Records a channel
+can no longer send (its circuit opened, the provider asked it to wait) are handed back to the
+worker's thread, which gives them back or reschedules them — unless the channel has a fallback that
+can take them (engine.failover).
 """
 
 from __future__ import annotations
