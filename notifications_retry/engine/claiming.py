@@ -116,7 +116,10 @@ class Claims:
     def take_ahead(self, bound: Any, *, wait: bool) -> None:
         """Take in the claim thread's claim if it ended, or (``wait``, or no longer paired) once it ends."""
         ahead = self.ahead
-        if ahead is None or not (wait or not self.paired or ahead.future.done()):
+        if ahead is None:
+            return
+        # Unpaired, nothing more is claimed beside it: its rows are waited for, never polled.
+        if not (wait or not self.paired) and not ahead.future.done():
             return
         self.ahead = None
         batch, pending = ahead.future.result()

@@ -114,13 +114,10 @@ class Worker:
             on_report=self.reporter.report,
             max_batch=max(1, min(conf.CLAIM_CHUNK_SIZE, self.batch_size)),
         )
-        # Commits run beside the claims, on a connection of their own — unless this thread is inside
-        # a transaction (a test's), whose rows no other connection can see.
-        self.completer: Commits = (
-            ThreadedCompleter(completer)
-            if conf.COMMIT_THREAD and not connection.in_atomic_block
-            else completer
-        )
+        # Commits and a second claimer run beside the claims, each on a connection of its own — unless
+        # this thread is inside a transaction (a test's), whose rows no other connection can see.
+        beside = not connection.in_atomic_block
+        self.completer: Commits = ThreadedCompleter(completer) if conf.COMMIT_THREAD and beside else completer
         self.dispatcher = Dispatcher(
             conf=conf,
             executor=self.executor,
@@ -130,8 +127,7 @@ class Worker:
             monotonic=monotonic,
             stopping=self._stop.is_set,
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
-            # Like the commit thread: no second connection inside a (test's) transaction.
-            claim_thread=ClaimThread() if conf.CLAIM_THREAD and not connection.in_atomic_block else None,
+            claim_thread=ClaimThread() if conf.CLAIM_THREAD and beside else None,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
