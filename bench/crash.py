@@ -5,7 +5,8 @@ For each ``max_concurrency`` (10 and 32 by default), on a webhook channel whose 
 
 1. the normal rate: a looping ``retry_worker`` drains the rows undisturbed;
 2. the kill run: a looping worker is started, SIGKILLed at a random moment after its first send,
-   and started again, 20 times (rows are added if the backlog runs dry before the last kill);
+   and started again, 20 times (rows are added whenever less than half a backlog is left, so every
+   kill, the last one too, lands on a worker with rows to send);
 3. recovery: once the leases the last worker left have run out, a worker drains what is left; the
    rate at which it sends the rows whose lease expired is the recovery rate.
 
@@ -121,7 +122,9 @@ def kill_run(sink: Sink, cid: int, rows: int, kills: int, rng: random.Random, ti
     sink.reset()
     started = time.monotonic()
     for _ in range(kills):
-        if count_sent() >= total:  # the backlog ran dry before the last kill: give the next worker work
+        # Refill before the backlog runs low: a worker that drained everything before its kill would
+        # strand nothing, and the last kill must leave leased rows for the recovery to be measured.
+        if total - count_sent() < rows // 2:
             add_rows([cid], rows, start=total + 1)
             total += rows
         before = sink.count()
