@@ -25,12 +25,13 @@ that address for any allowed name.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import ipaddress
 import socket
 import threading
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from .conf import get_settings
@@ -42,6 +43,7 @@ __all__ = [
     "literal_address",
     "normalize_host",
     "resolution_problems",
+    "resolved_beforehand",
     "webhook_url_problems",
 ]
 
@@ -301,10 +303,48 @@ def resolution_problems(
     host = _host(url)
     if not host or literal_address(host) is not None:
         return []
-    addresses = _lookup_within(resolver or _resolve, host, timeout)
+    answered = _answers.get()
+    if answered is not None and host in answered:
+        addresses = answered[host]
+    else:
+        addresses = _lookup_within(resolver or _resolve, host, timeout)
     if addresses is None:
         return []
     return _resolved_problems(host, addresses, _allowed(allowed_hosts))
+
+
+#: Lookups made by :func:`resolved_beforehand` for the code running inside it: host -> addresses
+#: (None: no answer in time).
+_answers: contextvars.ContextVar[Mapping[str, list[IPAddress] | None] | None] = contextvars.ContextVar(
+    "notifications_retry_resolved_hosts", default=None
+)
+
+
+@contextlib.contextmanager
+def resolved_beforehand(
+    urls: Iterable[object],
+    *,
+    allowed_hosts: Iterable[str] | None = None,
+    resolver: Resolver | None = None,
+    timeout: float = RESOLVE_TIMEOUT_SECONDS,
+) -> Iterator[None]:
+    """Look up the hosts of ``urls`` now; :func:`resolution_problems` inside the block uses the answers.
+
+    For validation that runs inside a database transaction (the admin saves a channel in one): a DNS
+    lookup is a network call, which must not hold a transaction open, so it is made before.
+    """
+    answers: dict[str, list[IPAddress] | None] = dict(_answers.get() or {})
+    for url in urls:
+        if not isinstance(url, str) or webhook_url_problems(url, allowed_hosts=allowed_hosts):
+            continue  # refused as written: resolution_problems looks nothing up for it
+        host = _host(url)
+        if host and host not in answers and literal_address(host) is None:
+            answers[host] = _lookup_within(resolver or _resolve, host, timeout)
+    token = _answers.set(answers)
+    try:
+        yield
+    finally:
+        _answers.reset(token)
 
 
 def _lookup_within(resolver: Resolver, host: str, timeout: float) -> list[IPAddress] | None:

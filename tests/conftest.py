@@ -6,6 +6,8 @@ Also ``--bench-check``: the benchmark smoke tests are skipped without it.
 from __future__ import annotations
 
 import gc
+import ipaddress
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +39,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         env=BENCH_CHECK_ENV,
         reason="benchmark smoke test: run with --bench-check or NR_BENCH_CHECK=1 (make bench-check)",
     )
+
+
+#: Names the tests may resolve for real: they answer from the machine itself.
+LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+@pytest.fixture(autouse=True)
+def _no_public_dns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests talk to loopback only, DNS included: a lookup of any other name fails at once.
+
+    Channels in tests name public-looking hosts (``hooks.example.com``), which model validation and
+    ``check`` look up; without this the lookup would go to the machine's resolver. A test that needs
+    a name to resolve installs its own ``getaddrinfo`` over this one.
+    """
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name is None or str(name).lower() in LOCAL_NAMES or _is_address(str(name)):
+            return real(host, *args, **kwargs)
+        raise socket.gaierror(socket.EAI_NONAME, f"tests resolve no public name ({name})")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def _is_address(name: str) -> bool:
+    """An IP address in any spelling the resolver reads without a lookup (``127.1``, ``0x7f.1`` too)."""
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        try:
+            socket.inet_aton(name)
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -13,7 +14,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from notifications_retry.models import ChannelConfig
-from notifications_retry.url_policy import webhook_url_problems
+from notifications_retry.url_policy import resolved_beforehand, webhook_url_problems
 
 from .display import format_age, fragment
 
@@ -170,9 +171,32 @@ class ChannelConfigAdmin(ChannelAdminBase):
         verb = "Enabled" if enabled else "Disabled"
         self.message_user(request, f"{verb} {len(changed)} channel(s).", messages.SUCCESS)
 
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        # Django validates a posted form inside the transaction it saves in, and the model's clean()
+        # looks a webhook's host name up: a network call, so it is made here, before that opens.
+        with resolved_beforehand(_posted_urls(request)):
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         if request.method == "POST" and not self.has_change_permission(request):
             raise PermissionDenied
         return super().changelist_view(request, extra_context)
+
+
+def _posted_urls(request: HttpRequest) -> list[object]:
+    """The webhook URL a posted channel form carries, if any (what the model's clean() resolves)."""
+    if request.method != "POST":
+        return []
+    try:
+        options = json.loads(request.POST.get("options") or "null")
+    except ValueError:
+        return []  # the form reports it
+    return [options.get("url")] if isinstance(options, dict) else []

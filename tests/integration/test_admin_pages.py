@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.db import connections
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -100,6 +102,38 @@ def test_webhook_url_policy_in_the_channel_form(admin_client: Client, settings: 
         url, channel_form(channel, options='{"url": "https://elsewhere.example.org/"}')
     )
     assert "not in WEBHOOK_ALLOWED_HOSTS" in str(response.context["adminform"].form.errors)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_channel_form_looks_a_webhook_host_up_before_its_transaction_opens(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Model validation refuses a name that resolves inside. The admin validates and saves in one
+    # transaction, and a DNS lookup is a network call: it must be made before that transaction opens.
+    open_during_lookup: list[bool] = []
+    # The view runs on this thread, the lookup on one of its own: keep this thread's connection.
+    request_connection = connections["default"]
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "sneaky.example.com":
+            open_during_lookup.append(request_connection.in_atomic_block)
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("10.0.0.7", 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    channel = ChannelFactory(
+        key="webhook", provider_key="webhook", options={"url": "https://hooks.example.com/x"}
+    )
+    url = reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk])
+    response = admin_client.post(
+        url, channel_form(channel, options='{"url": "https://sneaky.example.com/x"}')
+    )
+    assert response.status_code == 200
+    assert "resolves to internal address(es) 10.0.0.7" in str(response.context["adminform"].form.errors)
+    assert open_during_lookup == [False]
+    channel.refresh_from_db()
+    assert channel.options == {"url": "https://hooks.example.com/x"}
 
 
 def test_channel_limits_are_validated(admin_client: Client) -> None:

@@ -19,6 +19,7 @@ from notifications_retry.url_policy import (
     literal_address,
     normalize_host,
     resolution_problems,
+    resolved_beforehand,
     webhook_url_problems,
 )
 
@@ -203,6 +204,42 @@ def test_resolution_problems_with_an_injected_resolver() -> None:
         in webhook_url_problems("https://x.example.com/", allowed_hosts=(), resolve=broken)[0]
     )
     assert webhook_url_problems("https://sneaky.example.com/", allowed_hosts=()) == []  # no lookup by default
+
+
+def test_lookups_made_beforehand_answer_inside_the_block() -> None:
+    asked: list[str] = []
+
+    def inside(host: str) -> list[Any]:
+        asked.append(host)
+        return [ipaddress.ip_address("10.0.0.7")]
+
+    def must_not_run(host: str) -> list[Any]:
+        raise AssertionError(f"looked {host} up again inside the block")
+
+    urls = ["https://sneaky.example.com/a", "https://sneaky.example.com/b", "ftp://x.example.com/", 7, None]
+    with resolved_beforehand(urls, allowed_hosts=(), resolver=inside):
+        assert asked == ["sneaky.example.com"]  # once per host; refused or odd URLs are not looked up
+        problems = resolution_problems(
+            "https://sneaky.example.com/c", allowed_hosts=(), resolver=must_not_run
+        )
+        assert problems and "10.0.0.7 (private)" in problems[0]
+        # A host not looked up beforehand is looked up as usual.
+        assert resolution_problems("https://other.example.com/", allowed_hosts=(), resolver=inside)
+    assert asked == ["sneaky.example.com", "other.example.com"]
+    # Outside the block the answers are gone: a lookup again.
+    resolution_problems("https://sneaky.example.com/", allowed_hosts=(), resolver=inside)
+    assert asked[-1] == "sneaky.example.com" and len(asked) == 3
+
+
+def test_a_lookup_beforehand_without_an_answer_says_nothing_and_is_not_repeated() -> None:
+    def broken(host: str) -> list[Any]:
+        raise OSError("no DNS here")
+
+    def must_not_run(host: str) -> list[Any]:
+        raise AssertionError("looked up again")
+
+    with resolved_beforehand(["https://gone.example.com/"], allowed_hosts=(), resolver=broken):
+        assert resolution_problems("https://gone.example.com/", allowed_hosts=(), resolver=must_not_run) == []
 
 
 def test_a_slow_resolver_says_nothing_after_the_timeout() -> None:
