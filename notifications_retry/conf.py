@@ -32,7 +32,7 @@ class RetrySettings:
     LOCK_DATABASE_ALIAS: str = "default"
     LOCK_IDLE_SESSION_TIMEOUT_SECONDS: int = 90
     LOCK_DATABASE_POOLED: bool = False
-    CLAIM_CHUNK_SIZE: int = 100
+    CLAIM_CHUNK_SIZE: int = 500
     LEASE_GRACE_SECONDS: float = 30.0
     TRANSACTION_TIMEOUT_SECONDS: float = 30.0
     JITTER_RATIO: float = 0.1

@@ -7,6 +7,10 @@ are settled terminal in the same transaction, without a provider call (see :mod:
 A row the claim cannot read or lease (a value Python cannot hold, a state the triggers refuse) is
 set aside: the batch is claimed again row by row, and the offending row is reported and skipped from
 then on, so one poison row never stops the healthy rows beside it.
+
+A claim reads at most about :data:`CLAIM_PAYLOAD_BYTES` of payloads, whatever its row limit: the rows
+past that stay due (their payloads are not even read) and are claimed next, so memory follows this
+budget, not ``CLAIM_CHUNK_SIZE`` times ``MAX_PAYLOAD_BYTES``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
+from notifications_retry.conf import get_settings
 from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, first_line, reachable
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.models import NotificationEntity
@@ -54,34 +59,53 @@ class ClaimBatch:
 
     records: list[ClaimedRecord]
     settled: list[Outcome]
-    #: True when due rows were left for the next claim on purpose (recovered leases are claimed apart).
+    #: True when due rows were left for the next claim on purpose (recovered leases are claimed apart,
+    #: rows past the payload budget wait for the next claim).
     more: bool = False
     #: Rows the claim could not read or lease, with the database's reason.
     poisoned: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
 
 
+#: Payload bytes one claim reads at most (estimated from what the rows store): with the claim beside
+#: it and Python's copies of each payload, a worker's memory stays a small multiple of this.
+CLAIM_PAYLOAD_BYTES = 16 * 1024 * 1024
+
+# A payload's size without reading it: what the row stores, unless compressed, when it counts as the
+# largest payload accepted (a compressed value's stored size says little of its real one).
+# pg_column_compression() is PostgreSQL 14+. On 13 every payload counts as 90 times what it stores, at
+# most the largest accepted: pglz, 13's only method, cannot shrink data more than about 88 to 1.
+_ESTIMATE_14 = (
+    "CASE WHEN pg_column_compression(t.payload) IS NULL THEN pg_column_size(t.payload) "
+    "ELSE %(max_payload)s END"
+)
+_ESTIMATE_13 = "LEAST(90 * pg_column_size(t.payload), %(max_payload)s)"
+
 # Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
-# that far ahead is no deadline, one that far back has passed.
+# that far ahead is no deadline, one that far back has passed. A row whose payload would take the
+# claim past its payload budget comes back without it, marked over: it is left due, unleased.
 _CLAIM_SELECT = f"""
-SELECT n.id, n.tenant_id, n.channel_id, n.recipient, n.payload, n.notification_type, n.priority,
-       n.status, n.attempts,
+SELECT n.id, n.tenant_id, n.channel_id, n.recipient,
+       CASE WHEN sum(n.estimate) OVER w - n.estimate < %(budget)s THEN n.payload END,
+       n.notification_type, n.priority, n.status, n.attempts,
        CASE WHEN n.expires_at IS NOT NULL THEN LEAST(GREATEST(n.expires_at,
            '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END,
        n.correlation_id, n.requeue_count, c.lease, n.claim_token IS NOT NULL AS recovered,
        -- A recovered row's attempts that never finished (counted at claim, never logged): its crashes.
        CASE WHEN n.claim_token IS NOT NULL THEN n.attempts - (
            SELECT count(*) FROM jsonb_array_elements(n.attempt_log) e
-           WHERE (e->>'generation')::int = n.requeue_count) END AS crashes
+           WHERE (e->>'generation')::int = n.requeue_count) END AS crashes,
+       sum(n.estimate) OVER w - n.estimate >= %(budget)s AS over_budget
 FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[]) AS c(channel_id, lim, lease)
 CROSS JOIN LATERAL (
-    SELECT t.* FROM {_TABLE} t
+    SELECT t.*, {{estimate}} AS estimate FROM {_TABLE} t
     WHERE t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND t.due_at <= %(now)s
           {{filters}}
     ORDER BY t.due_at, t.priority
     LIMIT c.lim
     FOR UPDATE OF t SKIP LOCKED
 ) n
-ORDER BY n.due_at, n.priority
+WINDOW w AS (ORDER BY n.due_at, n.priority, n.id ROWS UNBOUNDED PRECEDING)
+ORDER BY n.due_at, n.priority, n.id
 LIMIT %(total)s
 """
 
@@ -106,6 +130,8 @@ def claim_query(
     priorities: Sequence[int] | None = None,
     skip: Collection[uuid.UUID] = (),
     only: uuid.UUID | None = None,
+    payload_budget: int | None = None,
+    max_payload_bytes: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks)."""
     filters = []
@@ -124,8 +150,14 @@ def claim_query(
         "priorities": list(priorities or []),
         "skip": [str(i) for i in skip],
         "only": only,
+        "budget": CLAIM_PAYLOAD_BYTES if payload_budget is None else payload_budget,
+        "max_payload": max_payload_bytes
+        if max_payload_bytes is not None
+        else get_settings().MAX_PAYLOAD_BYTES,
     }
-    return _CLAIM_SELECT.format(filters=" ".join(filters)), params
+    # Django's PostgreSQL backend knows the server's version (read once per connection wrapper).
+    estimate = _ESTIMATE_14 if int(getattr(connection, "pg_version", 0)) >= 140000 else _ESTIMATE_13
+    return _CLAIM_SELECT.format(filters=" ".join(filters), estimate=estimate), params
 
 
 Settle = Callable[[ClaimedRecord], Outcome | None]
@@ -217,8 +249,11 @@ class _Claim:
         with transaction.atomic(), connection.cursor() as cursor:
             bound_transaction(cursor)
             cursor.execute(sql, params)
-            rows = cursor.fetchall()
-            rows, more = _recovery_group(rows)
+            fetched = cursor.fetchall()
+            # Rows past the payload budget stay due, unleased: the next claim takes them.
+            within = [row for row in fetched if not row[_OVER_BUDGET]]
+            rows, more = _recovery_group(within)
+            more = more or len(within) < len(fetched)
             ids: list[str] = []
             leases: list[str] = []
             for row in rows:
@@ -328,11 +363,11 @@ def _recovery_group(rows: list[Any]) -> tuple[list[Any], bool]:
     return chosen, len(chosen) < len(rows)
 
 
-_RECOVERED, _CRASHES = 13, 14
+_RECOVERED, _CRASHES, _OVER_BUDGET = 13, 14, 15
 
 
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-__all__ = ["ChannelClaim", "ClaimBatch", "claim_due", "claim_query"]
+__all__ = ["CLAIM_PAYLOAD_BYTES", "ChannelClaim", "ClaimBatch", "claim_due", "claim_query"]
