@@ -78,7 +78,7 @@ _ESTIMATE_14 = (
     "CASE WHEN pg_column_compression(t.payload) IS NULL THEN pg_column_size(t.payload) "
     "ELSE %(max_payload)s END"
 )
-_ESTIMATE_13 = "LEAST(90 * pg_column_size(t.payload), %(max_payload)s)"
+_ESTIMATE_13 = "LEAST(90::bigint * pg_column_size(t.payload), %(max_payload)s)"
 
 # Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
 # that far ahead is no deadline, one that far back has passed. A row whose payload would take the
