@@ -18,6 +18,8 @@ from typing import Any
 import psycopg
 from django.db import connections
 
+from notifications_retry.delivery.session import TCP_SETTINGS
+
 logger = logging.getLogger(__name__)
 
 LOCK_APPLICATION_NAME = "notifications_retry lock"
@@ -78,9 +80,9 @@ def dedicated_connection(
     params = connections.create_connection(using).get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
-    params.update(
-        autocommit=True, keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3
-    )
+    params["autocommit"] = True
+    if not any(key in params for key in TCP_SETTINGS):  # the alias's own TCP settings win
+        params.update(TCP_SETTINGS)
     if session_settings is None:
         params["application_name"] = application_name
     else:

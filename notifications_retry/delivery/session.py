@@ -12,9 +12,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 
 from notifications_retry.conf import get_settings
+
+#: libpq's TCP settings for the worker's own connections. Keepalive probes find a peer that vanished
+#: while a connection idles; the user timeout gives up on one whose data goes unacknowledged (a network
+#: partition) after 30 s, where the kernel would retransmit for about 15 minutes; a new connection gives
+#: up after 10 s instead of the kernel's two minutes of SYN retries. All are the client's: nothing
+#: reaches the server, or a pooler in between.
+TCP_SETTINGS: dict[str, int] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+def bound_connections(*aliases: str) -> None:
+    """Give this process's connections to ``aliases`` :data:`TCP_SETTINGS`, from their next statement.
+
+    An alias whose ``OPTIONS`` set any of them keeps its own: the project's choice wins. For processes
+    the worker owns (``retry_worker``, ``outbox_relay``); the settings change for the whole process.
+    """
+    for alias in aliases:
+        options = connections.settings[alias].setdefault("OPTIONS", {})
+        if any(key in options for key in TCP_SETTINGS):
+            continue
+        options.update(TCP_SETTINGS)
+        # A connection opened before (the command's system checks query the channels) would go on
+        # without them: this thread's is closed, so its next statement connects with them.
+        wrapper = connections[alias]
+        if wrapper.connection is not None and not wrapper.in_atomic_block:
+            wrapper.close()
+
 
 _BOUND = (
     "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true), "

@@ -24,11 +24,11 @@ from typing import Any
 
 import psycopg
 import structlog
-from django.db import DatabaseError, InterfaceError, connection
+from django.db import DatabaseError, InterfaceError, connection, transaction
 
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.session import drop_broken_connection
+from notifications_retry.delivery.session import bound_transaction, drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.claim_thread import ClaimThread
@@ -323,7 +323,11 @@ class Worker:
         if completed_at is not None:
             values["last_tick_completed_at"] = completed_at
             values["last_tick_stats"] = tick_stats or {}
-        WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
+        # update_or_create locks the lane's row: bounded like the worker's other transactions, so a
+        # partition that strands it cannot hold that lock longer than TRANSACTION_TIMEOUT_SECONDS.
+        with transaction.atomic(), connection.cursor() as cursor:
+            bound_transaction(cursor)
+            WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
 
     def _after_tick(self, stats: TickStats, bound: Any) -> None:
         from notifications_retry.models import BacklogSample

@@ -19,20 +19,17 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from notifications_retry.conf import RetrySettings
+from tests.faults.conftest import StartWorker
 from tests.faults.sampler import ServerSampler
-from tests.faults.servers import NamespacedCluster, NamespacedWorker, Receiver, Request
+from tests.faults.servers import NamespacedCluster, Receiver, Request
 from tests.process.conftest import INSERT_DUE
-from tests.support.netns import NetworkPair, unavailable_reason
-from tests.support.processes import REPO_ROOT, wait_until, worker_env
+from tests.support.netns import NetworkPair
+from tests.support.processes import wait_until, worker_env
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
@@ -50,7 +47,6 @@ TRANSACTION_TIMEOUT = 10.0
 SAMPLING_SLACK = 1.0
 #: Ample: the worker must come back by itself; the figure printed is the measured one.
 RESUME_LIMIT = 180.0
-LOOP = ["--interval", "1"]
 CHANNEL = """
 INSERT INTO notifications_retry_channelconfig (key, is_enabled, provider_key, max_attempts,
     retry_backoff, backoff_base_seconds, backoff_cap_seconds, timeout_seconds, max_concurrency, options,
@@ -66,72 +62,6 @@ SELECT count(*) FROM pg_stat_activity
 WHERE client_addr = %s::inet AND state = 'idle in transaction' AND backend_xid IS NOT NULL
 """
 OPEN_WRITE_WAIT = 15.0
-
-
-@pytest.fixture
-def network() -> Iterator[NetworkPair]:
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"cannot make network namespaces here: {reason}")
-    pair = NetworkPair().create()
-    try:
-        yield pair
-    finally:
-        pair.destroy()
-
-
-@pytest.fixture
-def cluster(network: NetworkPair) -> Iterator[NamespacedCluster]:
-    cluster = NamespacedCluster(network.servers, network.worker).init()
-    try:
-        cluster.start()
-        migrated = subprocess.run(
-            [
-                *network.worker.exec_prefix(),
-                sys.executable,
-                "-m",
-                "django",
-                "migrate",
-                "--noinput",
-                "-v",
-                "0",
-            ],
-            env=worker_env(cluster.url, "postgres"),
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert migrated.returncode == 0, migrated.stderr[-3000:]
-        yield cluster
-    finally:
-        cluster.destroy()
-
-
-@pytest.fixture
-def receiver(network: NetworkPair, tmp_path: Path) -> Iterator[Receiver]:
-    receiver = Receiver(network.servers, tmp_path).start()
-    try:
-        yield receiver
-    finally:
-        receiver.stop()
-
-
-StartWorker = Callable[[dict[str, str]], NamespacedWorker]
-
-
-@pytest.fixture
-def start_worker(network: NetworkPair, tmp_path: Path) -> Iterator[StartWorker]:
-    """Start ``retry_worker`` in the worker's namespace; killed at teardown if a failure left it running."""
-    started: list[NamespacedWorker] = []
-
-    def start(env: dict[str, str]) -> NamespacedWorker:
-        started.append(NamespacedWorker(network.worker, LOOP, env, tmp_path, "worker").start())
-        return started[-1]
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 def test_drain_through_latency_loss_and_partition_loses_nothing(

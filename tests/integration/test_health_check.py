@@ -148,3 +148,28 @@ def test_probe_fails_when_the_database_cannot_be_read():
     result = _check_process(database="nr_no_such_database")
     assert result.returncode == 1
     assert "unhealthy: lane 'default': cannot read the heartbeat" in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_write_is_bounded_like_the_workers_other_transactions(clock, monkeypatch, settings):
+    # update_or_create locks the lane's row: a partition that strands it must not hold that lock for long.
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "TRANSACTION_TIMEOUT_SECONDS": 7}
+    seen: list[tuple[str, str]] = []
+    real = WorkerHeartbeat.objects.update_or_create
+
+    def recording(*args, **kwargs):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('idle_in_transaction_session_timeout'), "
+                "current_setting('statement_timeout')"
+            )
+            seen.append(cursor.fetchone())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(WorkerHeartbeat.objects, "update_or_create", recording)
+    worker = Worker(batch_size=10, max_duration=5, clock=clock)
+    try:
+        worker.run(once=True)
+    finally:
+        worker.close()
+    assert seen and set(seen) == {("7s", "7s")}, seen

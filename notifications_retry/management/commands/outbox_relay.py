@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.session import bound_connections
 from notifications_retry.management import option_types
 from notifications_retry.outbox.relay import run_relay
 
@@ -48,6 +50,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         extra = {"url": options["url"]} if options["url"] else {}
+        bound_connections(DEFAULT_DB_ALIAS)  # a partition must not hold the relay's connection for long
         try:
             reports = run_relay(
                 once=options["once"],

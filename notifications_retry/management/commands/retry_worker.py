@@ -12,10 +12,12 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 from django.test.utils import override_settings
 
 import notifications_retry
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
 from notifications_retry.engine.worker import run_worker
 from notifications_retry.locks import LockNotDirect
@@ -122,6 +124,9 @@ class Command(BaseCommand):
             self._serve_metrics(options["metrics_addr"], port)
         if not options["once"]:
             self._warn_about_overlap(options)
+        # This process is the worker's: a partition must not hold its connections for the kernel's
+        # quarter of an hour of retransmissions.
+        bound_connections(DEFAULT_DB_ALIAS)
         try:
             ticks = run_worker(
                 once=options["once"],
