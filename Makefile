@@ -40,8 +40,9 @@ soak: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process --soak -m "process" $(PYTEST_ARGS)
 
-# Network faults between the worker and its servers (latency, loss, a partition) in network namespaces the
-# test makes on a veth pair: needs root; its own PostgreSQL cluster, so no DATABASE_URL is used by the scenario.
+# Network faults between the worker and its servers (latency, loss, a 20 s partition; a 110 s partition) in
+# network namespaces the tests make on a veth pair: needs root; its own PostgreSQL cluster, so no
+# DATABASE_URL is used by the scenarios.
 faults: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	bash scripts/ensure-netns-tools

@@ -6,19 +6,93 @@ in the servers' namespace, and a ``retry_worker`` loop in the worker's.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.faults.servers import NamespacedCluster, NamespacedWorker, Receiver
+from tests.faults.servers import NamespacedCluster, NamespacedWorker, Receiver, Request
+from tests.process.conftest import INSERT_DUE
 from tests.support.netns import NetworkPair, unavailable_reason
 from tests.support.opt_in import skip_unless_asked
 from tests.support.processes import REPO_ROOT, worker_env
 
 LOOP = ["--interval", "1"]
+NOT_SENT = "SELECT count(*) FROM notifications_retry_notificationentity WHERE status <> 'sent'"
+#: Outbox events and the notifications they are for: one each, once every row is Sent.
+EVENTS = "SELECT count(*), count(DISTINCT key) FROM notifications_retry_outbox"
+
+
+_CHANNEL = """
+INSERT INTO notifications_retry_channelconfig (key, is_enabled, provider_key, max_attempts,
+    retry_backoff, backoff_base_seconds, backoff_cap_seconds, timeout_seconds, max_concurrency,
+    rate_limit_per_second, options, created_at, updated_at)
+VALUES ('hook', true, 'webhook', %(attempts)s, 'exponential', 1, 60, 10.0, 10, %(rate)s, %(options)s,
+        now(), now()) RETURNING id
+"""
+
+
+def seed_webhook_drain(
+    cluster: NamespacedCluster,
+    receiver: Receiver,
+    rows: int,
+    *,
+    max_attempts: int = 5,
+    rate: float | None = None,
+) -> None:
+    """A webhook channel ``hook`` posting to ``receiver`` (10 at once, 10 s timeout) and ``rows`` due rows."""
+    with cluster.connect() as db:
+        options = json.dumps({"url": receiver.url})
+        channel = db.execute(
+            _CHANNEL, {"attempts": max_attempts, "rate": rate, "options": options}
+        ).fetchone()
+        assert channel is not None
+        db.execute(INSERT_DUE, {"channel": channel[0], "count": rows, "attempts": 1})
+
+
+@dataclasses.dataclass
+class DrainEnd:
+    """What a scenario's drain left, once its worker was stopped."""
+
+    exit_status: int
+    output: str
+    requests: list[Request]
+    per_key: Counter[str]
+    lost: int
+    events: int
+    event_keys: int
+
+
+def stop_and_count(worker: NamespacedWorker, receiver: Receiver, cluster: NamespacedCluster) -> DrainEnd:
+    """SIGTERM the worker, wait for it to exit, then count requests per key, rows not Sent and events."""
+    worker.send(signal.SIGTERM)
+    exit_status = worker.wait(60)
+    requests = receiver.requests()
+    with cluster.connect() as db:
+        events, event_keys = db.execute(EVENTS).fetchone() or (0, 0)
+    return DrainEnd(
+        exit_status,
+        worker.output(),
+        requests,
+        Receiver.per_key(requests),
+        not_sent(cluster),
+        events,
+        event_keys,
+    )
+
+
+def not_sent(cluster: NamespacedCluster) -> int:
+    """Rows of the scenario's cluster not Sent yet."""
+    with cluster.connect() as db:
+        row = db.execute(NOT_SENT).fetchone()
+    return int(row[0]) if row else -1
+
 
 FAULTS_ENV = "NR_FAULTS"
 

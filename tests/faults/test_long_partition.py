@@ -16,15 +16,12 @@ outbox event each, once the drain ends). ``make faults`` runs it (root, ``ip net
 
 from __future__ import annotations
 
-import json
-import signal
 import time
 
 import pytest
 
-from tests.faults.conftest import StartWorker
+from tests.faults.conftest import StartWorker, not_sent, seed_webhook_drain, stop_and_count
 from tests.faults.servers import NamespacedCluster, Receiver
-from tests.process.conftest import INSERT_DUE
 from tests.support.netns import NetworkPair
 from tests.support.processes import wait_until, worker_env
 
@@ -37,23 +34,12 @@ LONG_PARTITION_SECONDS = 110.0
 #: The loop's back-off cap (30 s) + one connect_timeout (10 s) + a tick's own start: with the kernel's
 #: retransmissions alone the resume would come about 95 s after the heal.
 RESUME_BOUND = 45.0
-CHANNEL = """
-INSERT INTO notifications_retry_channelconfig (key, is_enabled, provider_key, max_attempts,
-    retry_backoff, backoff_base_seconds, backoff_cap_seconds, timeout_seconds, max_concurrency,
-    rate_limit_per_second, options, created_at, updated_at)
-VALUES ('hook', true, 'webhook', 10, 'exponential', 1, 60, 10.0, 10, %s, %s, now(), now()) RETURNING id
-"""
-NOT_SENT = "SELECT count(*) FROM notifications_retry_notificationentity WHERE status <> 'sent'"
-EVENTS = "SELECT count(*), count(DISTINCT key) FROM notifications_retry_outbox"
 
 
 def test_a_partition_longer_than_the_tcp_timeouts_is_followed_by_a_prompt_resume(
     network: NetworkPair, cluster: NamespacedCluster, receiver: Receiver, start_worker: StartWorker
 ) -> None:
-    with cluster.connect() as db:
-        channel = db.execute(CHANNEL, [RATE, json.dumps({"url": receiver.url})]).fetchone()
-        assert channel is not None
-        db.execute(INSERT_DUE, {"channel": channel[0], "count": ROWS, "attempts": 1})
+    seed_webhook_drain(cluster, receiver, ROWS, max_attempts=10, rate=RATE)
     env = worker_env(cluster.url, "postgres", {"WEBHOOK_ALLOWED_HOSTS": [network.servers.address]})
     worker = start_worker(env)
     try:
@@ -63,37 +49,32 @@ def test_a_partition_longer_than_the_tcp_timeouts_is_followed_by_a_prompt_resume
         time.sleep(LONG_PARTITION_SECONDS)
         network.clear()
         healed = time.monotonic()
-        wait_until(lambda: any(r.at > healed for r in receiver.requests()), 300, 0.1, "a send after the heal")
+        try:
+            wait_until(
+                lambda: any(r.at > healed for r in receiver.requests()), 300, 0.1, "a send after the heal"
+            )
+        except AssertionError as exc:  # what the worker was doing: every thread's stack
+            raise AssertionError(f"{exc}; the worker's log:\n{worker.abort_with_stacks()}") from None
         resume = min(r.at for r in receiver.requests() if r.at > healed) - healed
-        wait_until(lambda: _not_sent(cluster) == 0, 600, 0.5, "every row Sent")
+        wait_until(lambda: not_sent(cluster) == 0, 600, 0.5, "every row Sent")
     finally:
         network.clear()
-    worker.send(signal.SIGTERM)
-    exit_status = worker.wait(60)
-    output = worker.output()
-    requests = receiver.requests()
-    per_key = Receiver.per_key(requests)
-    with cluster.connect() as db:
-        events, event_keys = db.execute(EVENTS).fetchone() or (0, 0)
+    end = stop_and_count(worker, receiver, cluster)
     figures = {
         "fault method": network.method,
         "partition (s)": round(healed - partitioned, 1),
         "resume after heal, first send (s)": round(resume, 2),
-        "requests / rows": f"{len(requests)} / {ROWS}",
-        "duplicate sends": len(requests) - len(per_key),
-        "worker ticks that failed on the database (log lines)": output.count("retry-cycle-database-error"),
-        "worker exit status": exit_status,
+        "requests / rows": f"{len(end.requests)} / {ROWS}",
+        "duplicate sends": len(end.requests) - len(end.per_key),
+        "worker ticks that failed on the database (log lines)": end.output.count(
+            "retry-cycle-database-error"
+        ),
+        "worker exit status": end.exit_status,
     }
     print("\nlong partition figures:\n" + "\n".join(f"  {name}: {value}" for name, value in figures.items()))
 
     assert resume <= RESUME_BOUND, figures
-    assert _not_sent(cluster) == 0
-    assert (events, event_keys) == (ROWS, ROWS)
-    assert len(per_key) == ROWS, "every row reached the receiver"
-    assert exit_status == 0, output[-3000:]
-
-
-def _not_sent(cluster: NamespacedCluster) -> int:
-    with cluster.connect() as db:
-        row = db.execute(NOT_SENT).fetchone()
-    return int(row[0]) if row else -1
+    assert end.lost == 0
+    assert (end.events, end.event_keys) == (ROWS, ROWS)
+    assert len(end.per_key) == ROWS, "every row reached the receiver"
+    assert end.exit_status == 0, end.output[-3000:]

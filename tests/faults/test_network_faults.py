@@ -16,18 +16,15 @@ statement. ``make faults`` runs it (root, ``ip netns``; skipped otherwise).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import signal
 import time
 
 import pytest
 
 from notifications_retry.conf import RetrySettings
-from tests.faults.conftest import StartWorker
+from tests.faults.conftest import NOT_SENT, StartWorker, not_sent, seed_webhook_drain, stop_and_count
 from tests.faults.sampler import ServerSampler
 from tests.faults.servers import NamespacedCluster, Receiver, Request
-from tests.process.conftest import INSERT_DUE
 from tests.support.netns import NetworkPair
 from tests.support.processes import wait_until, worker_env
 
@@ -47,15 +44,7 @@ TRANSACTION_TIMEOUT = 10.0
 SAMPLING_SLACK = 1.0
 #: Ample: the worker must come back by itself; the figure printed is the measured one.
 RESUME_LIMIT = 180.0
-CHANNEL = """
-INSERT INTO notifications_retry_channelconfig (key, is_enabled, provider_key, max_attempts,
-    retry_backoff, backoff_base_seconds, backoff_cap_seconds, timeout_seconds, max_concurrency, options,
-    created_at, updated_at)
-VALUES ('hook', true, 'webhook', 5, 'exponential', 1, 60, 10.0, 10, %s, now(), now()) RETURNING id
-"""
-NOT_SENT = "SELECT count(*) FROM notifications_retry_notificationentity WHERE status <> 'sent'"
 LEASED = "SELECT count(*) FROM notifications_retry_notificationentity WHERE claim_token IS NOT NULL"
-EVENTS = "SELECT count(*), count(DISTINCT key) FROM notifications_retry_outbox"
 #: A transaction of the worker that has written (it has an xid) and waits for the worker's next statement.
 OPEN_WRITE = """
 SELECT count(*) FROM pg_stat_activity
@@ -67,10 +56,7 @@ OPEN_WRITE_WAIT = 15.0
 def test_drain_through_latency_loss_and_partition_loses_nothing(
     network: NetworkPair, cluster: NamespacedCluster, receiver: Receiver, start_worker: StartWorker
 ) -> None:
-    with cluster.connect() as db:
-        channel = db.execute(CHANNEL, [json.dumps({"url": receiver.url})]).fetchone()
-        assert channel is not None
-        db.execute(INSERT_DUE, {"channel": channel[0], "count": ROWS, "attempts": 1})
+    seed_webhook_drain(cluster, receiver, ROWS)
     settings: dict[str, object] = {"WEBHOOK_ALLOWED_HOSTS": [network.servers.address]}
     if "TRANSACTION_TIMEOUT_SECONDS" in {f.name for f in dataclasses.fields(RetrySettings)}:
         settings["TRANSACTION_TIMEOUT_SECONDS"] = TRANSACTION_TIMEOUT
@@ -107,26 +93,23 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
         network.clear()
         enter("healed")
         healed = marks["healed"]
-        wait_until(
-            lambda: any(r.at > healed for r in receiver.requests()),
-            RESUME_LIMIT,
-            0.1,
-            "a send after the heal",
-        )
-        wait_until(lambda: _not_sent(cluster) == 0, RESUME_LIMIT + 120, 0.5, "every row Sent")
+        try:
+            wait_until(
+                lambda: any(r.at > healed for r in receiver.requests()),
+                RESUME_LIMIT,
+                0.1,
+                "a send after the heal",
+            )
+        except AssertionError as exc:  # what the worker was doing: every thread's stack
+            raise AssertionError(f"{exc}; the worker's log:\n{worker.abort_with_stacks()}") from None
+        wait_until(lambda: not_sent(cluster) == 0, RESUME_LIMIT + 120, 0.5, "every row Sent")
         enter("drained")
     finally:
         sampler.stop()
         network.clear()
-    worker.send(signal.SIGTERM)
-    exit_status = worker.wait(60)
-    output = worker.output()
-
-    requests = receiver.requests()
-    per_key = Receiver.per_key(requests)
-    with cluster.connect() as db:
-        lost = _not_sent(cluster)
-        events, event_keys = db.execute(EVENTS).fetchone() or (0, 0)
+    end = stop_and_count(worker, receiver, cluster)
+    requests, per_key, output, exit_status = end.requests, end.per_key, end.output, end.exit_status
+    lost, events, event_keys = end.lost, end.events, end.event_keys
     figures = _figures(marks, sampler, requests, per_key, left, leased, cluster, output)
     figures["fault method"] = network.method
     figures["a writing transaction open just before the partition / stranded by it"] = (
@@ -160,12 +143,6 @@ def _await_open_write(cluster: NamespacedCluster, worker_address: str) -> bool:
                 return True
             time.sleep(0.002)
     return False
-
-
-def _not_sent(cluster: NamespacedCluster) -> int:
-    with cluster.connect() as db:
-        row = db.execute(NOT_SENT).fetchone()
-    return int(row[0]) if row else -1
 
 
 def _phase_at(marks: dict[str, float], moment: float) -> str:

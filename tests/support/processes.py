@@ -99,15 +99,22 @@ class WorkerProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the worker was still running {timeout:g} s later; its log, with its threads' stacks:\n"
+                + self.abort_with_stacks()
+            ) from None
+
+    def abort_with_stacks(self) -> str:
+        """End a worker that seems stuck with SIGABRT, on which faulthandler writes every thread's stack
+        to its log; returns the log's tail."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGABRT)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
-            raise AssertionError(
-                f"the worker was still running {timeout:g} s later; its log, with its threads' stacks:\n"
-                + self.output()[-8000:]
-            ) from None
+        return self.output()[-8000:]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
