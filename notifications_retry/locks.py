@@ -81,8 +81,8 @@ def dedicated_connection(
     params.pop("cursor_factory", None)
     params.pop("context", None)
     params["autocommit"] = True
-    if not any(key in params for key in TCP_SETTINGS):  # the alias's own TCP settings win
-        params.update(TCP_SETTINGS)
+    for key, value in TCP_SETTINGS.items():
+        params.setdefault(key, value)  # a value the alias's OPTIONS give wins
     if session_settings is None:
         params["application_name"] = application_name
     else:

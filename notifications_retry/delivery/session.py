@@ -34,14 +34,16 @@ TCP_SETTINGS: dict[str, int] = {
 def bound_connections(*aliases: str) -> None:
     """Give this process's connections to ``aliases`` :data:`TCP_SETTINGS`, from their next statement.
 
-    An alias whose ``OPTIONS`` set any of them keeps its own: the project's choice wins. For processes
-    the worker owns (``retry_worker``, ``outbox_relay``); the settings change for the whole process.
+    A key the alias's ``OPTIONS`` set already keeps its value: the project's choice wins (a
+    ``connect_timeout`` of its own still gets the keepalives and the user timeout). For processes the
+    worker owns (``retry_worker``, ``outbox_relay``); the settings change for the whole process.
     """
     for alias in aliases:
         options = connections.settings[alias].setdefault("OPTIONS", {})
-        if any(key in options for key in TCP_SETTINGS):
+        missing = {key: value for key, value in TCP_SETTINGS.items() if key not in options}
+        if not missing:
             continue
-        options.update(TCP_SETTINGS)
+        options.update(missing)
         # A connection opened before (the command's system checks query the channels) would go on
         # without them: this thread's is closed, so its next statement connects with them.
         wrapper = connections[alias]

@@ -1,6 +1,6 @@
 """The worker's and the relay's connections carry TCP keepalives and a TCP user timeout, so a network
 partition ends a statement's wait in about 30 s instead of the kernel's quarter of an hour of
-retransmissions (the behaviour itself: tests/faults, ``make faults``). A project's own settings win."""
+retransmissions (the behaviour itself: tests/faults, ``make faults``). A value the project gives wins."""
 
 from __future__ import annotations
 
@@ -52,12 +52,14 @@ def test_a_connection_open_before_is_replaced_at_its_next_statement(options: dic
     assert {name: parameters.get(name) for name in EXPECTED} == EXPECTED
 
 
-def test_an_alias_with_tcp_settings_of_its_own_keeps_them(options: dict[str, Any]) -> None:
-    options["keepalives_idle"] = 60
+def test_a_setting_the_alias_gives_keeps_its_value_and_the_others_are_added(options: dict[str, Any]) -> None:
+    options["connect_timeout"] = 3
     bound_connections("default")
     parameters = libpq_parameters()
-    assert parameters.get("keepalives_idle") == "60"
-    assert "tcp_user_timeout" not in parameters, "none of ours mixed in"
+    assert parameters.get("connect_timeout") == "3", "the project's value wins"
+    assert {name: parameters.get(name) for name in EXPECTED if name != "connect_timeout"} == {
+        name: value for name, value in EXPECTED.items() if name != "connect_timeout"
+    }
 
 
 def test_the_locks_own_connection_carries_them(options: dict[str, Any]) -> None:
