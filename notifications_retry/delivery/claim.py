@@ -130,10 +130,13 @@ def claim_query(
     priorities: Sequence[int] | None = None,
     skip: Collection[uuid.UUID] = (),
     only: uuid.UUID | None = None,
-    payload_budget: int | None = None,
     max_payload_bytes: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks)."""
+    """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks).
+
+    ``max_payload_bytes`` (what a compressed payload counts as) defaults to the ``MAX_PAYLOAD_BYTES``
+    setting.
+    """
     filters = []
     if priorities:
         filters.append("AND t.priority = ANY(%(priorities)s)")
@@ -150,10 +153,8 @@ def claim_query(
         "priorities": list(priorities or []),
         "skip": [str(i) for i in skip],
         "only": only,
-        "budget": CLAIM_PAYLOAD_BYTES if payload_budget is None else payload_budget,
-        "max_payload": max_payload_bytes
-        if max_payload_bytes is not None
-        else get_settings().MAX_PAYLOAD_BYTES,
+        "budget": CLAIM_PAYLOAD_BYTES,
+        "max_payload": get_settings().MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes,
     }
     # Django's PostgreSQL backend knows the server's version (read once per connection wrapper).
     estimate = _ESTIMATE_14 if int(getattr(connection, "pg_version", 0)) >= 140000 else _ESTIMATE_13
@@ -173,6 +174,7 @@ def claim_due(
     priorities: Sequence[int] | None = None,
     settle: Settle | None = None,
     skip: Collection[uuid.UUID] = (),
+    max_payload_bytes: int | None = None,
 ) -> ClaimBatch:
     """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
 
@@ -182,12 +184,15 @@ def claim_due(
     (``Provider.inline``): a settled record is finalized in this same short transaction, with no
     lease, so a no-op drain writes each row once, not twice. If writing those outcomes fails, the
     claim is redone without ``settle``, so the usual per-record finalize isolates the bad row.
-    ``skip`` lists rows set aside earlier as poison.
+    ``skip`` lists rows set aside earlier as poison. ``max_payload_bytes`` (the worker passes its
+    settings' value) defaults to the ``MAX_PAYLOAD_BYTES`` setting.
     """
     plan = [p for p in plan if p.limit > 0]
     if not plan or total <= 0:
         return ClaimBatch([], [])
-    claim = _Claim(now, budgets, attempts_by_type or {}, priorities, skip)
+    if max_payload_bytes is None:
+        max_payload_bytes = get_settings().MAX_PAYLOAD_BYTES
+    claim = _Claim(now, budgets, attempts_by_type or {}, priorities, skip, max_payload_bytes)
     if settle is not None:
         delivered = 0
 
@@ -230,20 +235,33 @@ class _Claim:
         by_type: Mapping[str, int],
         priorities: Sequence[int] | None,
         skip: Collection[uuid.UUID],
+        max_payload_bytes: int,
     ) -> None:
         self.now = now
         self.budgets = budgets
         self.by_type = by_type
         self.priorities = priorities
         self.skip = set(skip)
+        self.max_payload_bytes = max_payload_bytes
+
+    def query(
+        self, plan: Sequence[ChannelClaim], total: int, only: uuid.UUID | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        return claim_query(
+            self.now,
+            plan,
+            total=total,
+            priorities=self.priorities,
+            skip=self.skip,
+            only=only,
+            max_payload_bytes=self.max_payload_bytes,
+        )
 
     def run(
         self, plan: Sequence[ChannelClaim], total: int, settle: Settle | None, only: uuid.UUID | None = None
     ) -> ClaimBatch:
         token = uuid.uuid4()
-        sql, params = claim_query(
-            self.now, plan, total=total, priorities=self.priorities, skip=self.skip, only=only
-        )
+        sql, params = self.query(plan, total, only)
         records: list[ClaimedRecord] = []
         settled: list[Outcome] = []
         with transaction.atomic(), connection.cursor() as cursor:
@@ -321,7 +339,7 @@ class _Claim:
         """The batch failed as a whole: claim its rows one by one and set aside those that fail alone."""
         logger.warning("claim of a batch failed (%s); claiming its rows one by one", first_line(cause))
         with connection.cursor() as cursor:
-            sql, params = claim_query(self.now, plan, total=total, priorities=self.priorities, skip=self.skip)
+            sql, params = self.query(plan, total)
             # Ids only: reading the other columns is what may have failed.
             unlocked = sql.replace("FOR UPDATE OF t SKIP LOCKED", "")
             cursor.execute(f"SELECT id FROM ({unlocked}) AS due", params)

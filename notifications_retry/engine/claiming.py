@@ -44,8 +44,6 @@ class AheadClaim:
     future: Future[tuple[ClaimBatch, list[Outcome]]]
     plan: list[ChannelClaim]
     total: int
-    runtimes: dict[int, ChannelRuntime]
-    stats: TickStats
 
 
 class Claims:
@@ -78,9 +76,13 @@ class Claims:
         self.ahead: AheadClaim | None = None
         #: Whether claims run two at a time now (inline channels with a backlog).
         self.paired = False
+        #: The tick's channels and stats (set by :meth:`begin_tick`).
+        self.runtimes: dict[int, ChannelRuntime] = {}
+        self.stats: TickStats
 
-    def begin_tick(self) -> None:
+    def begin_tick(self, runtimes: dict[int, ChannelRuntime], stats: TickStats) -> None:
         self.ahead, self.paired = None, False
+        self.runtimes, self.stats = runtimes, stats
 
     @property
     def running(self) -> bool:
@@ -92,26 +94,19 @@ class Claims:
         """Rows the claim on the claim thread may still return (counted against the tick's batch)."""
         return self.ahead.total if self.ahead is not None else 0
 
-    def claim(
-        self,
-        plan: list[ChannelClaim],
-        remaining: int,
-        runtimes: dict[int, ChannelRuntime],
-        stats: TickStats,
-        bound: Any,
-    ) -> None:
+    def claim(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> None:
         """Claim up to ``remaining`` rows by ``plan`` here, with one more claim beside it when paired."""
         if self.paired and self.ahead is None and self.claim_thread is not None:
             total = min(remaining, sum(p.limit for p in plan))
             skip = frozenset(self.poisoned)
-            future = self.claim_thread.submit(lambda: self._claim_rows(plan, total, runtimes, skip))
-            self.ahead = AheadClaim(future, plan, total, runtimes, stats)
+            future = self.claim_thread.submit(lambda: self._claim_rows(plan, total, skip))
+            self.ahead = AheadClaim(future, plan, total)
             remaining -= total
             if remaining <= 0:
                 return
         alone = self.ahead is None
-        batch, pending = self._claim_rows(plan, remaining, runtimes, self.poisoned)
-        self._take(batch, pending, plan, remaining, runtimes, stats, bound, alone=alone)
+        batch, pending = self._claim_rows(plan, remaining, self.poisoned)
+        self._take(batch, pending, plan, remaining, bound, alone=alone)
 
     def take_ahead(self, bound: Any, *, wait: bool) -> None:
         """Take in the claim thread's claim if it ended, or (``wait``, or no longer paired) once it ends."""
@@ -123,7 +118,7 @@ class Claims:
             return
         self.ahead = None
         batch, pending = ahead.future.result()
-        self._take(batch, pending, ahead.plan, ahead.total, ahead.runtimes, ahead.stats, bound, alone=False)
+        self._take(batch, pending, ahead.plan, ahead.total, bound, alone=False)
 
     def finish(self, bound: Any) -> None:
         """End of a tick: take in a claim still running beside (its rows are committed), then close the
@@ -140,11 +135,11 @@ class Claims:
         self,
         plan: list[ChannelClaim],
         total: int,
-        runtimes: dict[int, ChannelRuntime],
         skip: Collection[Any],
     ) -> tuple[ClaimBatch, list[Outcome]]:
         """One claim, on whichever thread calls it: what it leased and settled, and the outcomes of the
         records its inline sends deferred (committed like any other)."""
+        runtimes = self.runtimes
         budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
         pending: list[Outcome] = []
 
@@ -165,6 +160,7 @@ class Claims:
             priorities=self.lane_priorities,
             settle=settle,
             skip=skip,
+            max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
         )
         return batch, pending
 
@@ -174,13 +170,12 @@ class Claims:
         pending: list[Outcome],
         plan: list[ChannelClaim],
         remaining: int,
-        runtimes: dict[int, ChannelRuntime],
-        stats: TickStats,
         bound: Any,
         *,
         alone: bool,
     ) -> None:
         """Queue, count and report what a claim returned (on the worker's thread)."""
+        runtimes, stats = self.runtimes, self.stats
         got: dict[int, int] = {}
         with self.queue_lock:
             for record in batch.records:

@@ -127,7 +127,7 @@ class Dispatcher:
         calls_bound += CALLS_DRAIN_GRACE_SECONDS
         drain_from: float | None = None
         claims = self.claims
-        claims.begin_tick()
+        claims.begin_tick(runtimes, stats)
         while True:
             now_mono = self.monotonic()
             if claiming and (self.stopping() or now_mono >= deadline or remaining <= 0):
@@ -161,7 +161,7 @@ class Dispatcher:
                         bound.error("retry-cycle-lock-lost")
                         claiming = False
                     else:
-                        claims.claim(plan, remaining, runtimes, stats, bound)
+                        claims.claim(plan, remaining, bound)
                         remaining = batch_size - stats.claims - claims.reserved
             self._start(runtimes)
             # Wait for finished calls no longer than the completer may hold an outcome back.
