@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay crash-bench schema-costs faults soak clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay crash-bench schema-costs faults soak recovery-soak clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(VENV)/.installed
 soak: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process --soak -m "process" $(PYTEST_ARGS)
+
+# A 200,000-row recovery job killed with SIGKILL midway, then resumed (the default suite runs 20,000 rows).
+recovery-soak: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process/test_recovery_kill.py --soak $(PYTEST_ARGS)
 
 # Network faults between the worker and its servers (latency, loss, a 20 s partition; a 110 s partition) in
 # network namespaces the tests make on a veth pair: needs root; its own PostgreSQL cluster, so no

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from notifications_retry.models import (
@@ -33,7 +34,13 @@ class TriageResult:
 
 def _locked(ids: Iterable[uuid.UUID | str]) -> tuple[list[NotificationEntity], set[str]]:
     wanted = {str(i) for i in ids}
-    rows = list(NotificationEntity.objects.select_for_update().filter(pk__in=wanted).order_by("pk"))
+    # Only what the refusal messages read: a chunk of a recovery job must not load hundreds of payloads.
+    rows = list(
+        NotificationEntity.objects.select_for_update()
+        .filter(pk__in=wanted)
+        .only("pk", "status", "attempts", "dead_lettered_at", "error_kind", "expires_at", "resolution")
+        .order_by("pk")
+    )
     missing = wanted - {str(r.pk) for r in rows}
     return rows, missing
 
@@ -72,12 +79,16 @@ def requeue(
         for pk in missing:
             result.refused[uuid.UUID(pk)] = "no such notification"
         allowed = _allowed(rows, NotificationEntity.objects.requeueable(now))
+        chosen = []
         for row in rows:
             if row.pk not in allowed:
                 result.refused[row.pk] = _requeue_refusal(row, now)
-                continue
-            # The audit row goes first: the database refuses a requeue without it (nr_requeue_audited).
-            DeadLetterAction.objects.create(
+            else:
+                chosen.append(row)
+        # Set-based, so a recovery job's chunk of hundreds costs two statements, not two per row.
+        # The audit rows go first: the database refuses a requeue without one (nr_requeue_audited).
+        DeadLetterAction.objects.bulk_create(
+            DeadLetterAction(
                 notification=row,
                 action=DeadLetterAction.Action.REQUEUE,
                 actor=actor,
@@ -85,17 +96,19 @@ def requeue(
                 attempts_before=row.attempts,
                 created_at=now,
             )
-            NotificationEntity.objects.filter(pk=row.pk).update(
-                attempts=0,
-                requeue_count=row.requeue_count + 1,
-                dead_lettered_at=None,
-                dead_letter_reason="",
-                resolution="",
-                resolved_at=None,
-                next_attempt_at=now,
-                updated_at=now,
-            )
-            result.done.append(row.pk)
+            for row in chosen
+        )
+        NotificationEntity.objects.filter(pk__in=[row.pk for row in chosen]).update(
+            attempts=0,
+            requeue_count=F("requeue_count") + 1,
+            dead_lettered_at=None,
+            dead_letter_reason="",
+            resolution="",
+            resolved_at=None,
+            next_attempt_at=now,
+            updated_at=now,
+        )
+        result.done.extend(row.pk for row in chosen)
     return result
 
 

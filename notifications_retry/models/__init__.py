@@ -11,6 +11,7 @@ from .channels import ChannelConfig, ChannelConfigQuerySet
 from .constraints import check_constraint, range_constraint
 from .notifications import CANCELLED_ERROR_KIND, NotificationEntity, NotificationQuerySet
 from .outbox import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
+from .recovery import RecoveryJob
 
 __all__ = [
     "CANCELLED_ERROR_KIND",
@@ -23,6 +24,7 @@ __all__ = [
     "NotificationEntity",
     "NotificationQuerySet",
     "Outbox",
+    "RecoveryJob",
     "WorkerHeartbeat",
     "check_constraint",
     "range_constraint",
