@@ -10,7 +10,8 @@ from notifications_retry.management.progress import ProgressBar, progress_line
 def test_the_line_shows_the_share_the_counts_the_rate_and_the_time_left():
     line = progress_line(processed=80_000, total=200_000, elapsed=32.0, detail="requeued 80000, refused 0")
     assert line == (
-        "[############------------------]  40.0% 80000/200000  2500 rows/s  ETA 48 s  requeued 80000, refused 0"
+        "[############------------------]  40.0% 80000/200000  2500 rows/s  ETA 48 s"
+        "  requeued 80000, refused 0"
     )
 
 
