@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         cancel_notification,
         create_notification,
         discard_dead_letters,
+        is_suppressed,
         notification_created,
         queue_stats,
         record_dispatch_failure,
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
         requeue_dead_letters,
         schedule_notification,
         send_now,
+        suppress,
+        unsuppress,
     )
     from .exceptions import (
         ChannelConfigurationError,
@@ -52,6 +55,9 @@ _EXPORTS: dict[str, str] = {
     "record_dispatch_sent": "api",
     "record_dispatch_failure": "api",
     "send_now": "api",
+    "suppress": "api",
+    "unsuppress": "api",
+    "is_suppressed": "api",
     "InvalidNotification": "validation",
     "ChannelConfigurationError": "exceptions",
     "InvalidTransition": "exceptions",
@@ -78,6 +84,7 @@ __all__ = [
     "cancel_notification",
     "create_notification",
     "discard_dead_letters",
+    "is_suppressed",
     "notification_created",
     "queue_stats",
     "record_dispatch_failure",
@@ -85,6 +92,8 @@ __all__ = [
     "requeue_dead_letters",
     "schedule_notification",
     "send_now",
+    "suppress",
+    "unsuppress",
 ]
 
 

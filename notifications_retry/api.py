@@ -26,6 +26,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from notifications_retry.clock import default_clock
+from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
@@ -35,7 +36,7 @@ from notifications_retry.outcomes import Failure, failure_of
 from notifications_retry.providers import OutgoingMessage, Provider, SendResult, get_provider_class
 
 from .conf import get_settings
-from .models import ChannelConfig, NotificationEntity
+from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
 from .outcomes import CANCELLED
 from .validation import validate_notification
 
@@ -46,6 +47,7 @@ __all__ = [
     "cancel_notification",
     "create_notification",
     "discard_dead_letters",
+    "is_suppressed",
     "notification_created",
     "queue_stats",
     "record_dispatch_failure",
@@ -53,6 +55,8 @@ __all__ = [
     "requeue_dead_letters",
     "schedule_notification",
     "send_now",
+    "suppress",
+    "unsuppress",
 ]
 
 #: ``error_kind`` of a notification cancelled through :func:`cancel_notification`.
@@ -327,3 +331,40 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+# -- the suppression list ----------------------------------------------------------------------------
+
+
+def _suppression_channel(channel: str) -> str:
+    if channel == ALL_CHANNELS:
+        return channel
+    if not isinstance(channel, str) or not ChannelConfig.objects.filter(key=channel).exists():
+        raise ChannelConfig.DoesNotExist(
+            f"no channel with key {channel!r} (or {ALL_CHANNELS!r} for every channel)"
+        )
+    return channel
+
+
+def suppress(recipient: str, *, channel: str = ALL_CHANNELS, reason: str = "manual") -> Suppression:
+    """Stop sending to ``recipient`` on ``channel`` (``*``: every channel); audited as the ``api``'s.
+
+    Notifications already waiting are stopped too: the worker checks the list when it claims them.
+    An address already suppressed is extended (its count and last report), never duplicated.
+    """
+    return suppression.add(
+        recipient, channel=_suppression_channel(channel), reason=reason, actor="api", now=_aware(None)
+    )
+
+
+def unsuppress(recipient: str, *, channel: str = ALL_CHANNELS) -> int:
+    """Lift the suppression of ``recipient``: ``*`` on every channel, a key only that channel's own entry.
+
+    Audited as the ``api``'s; returns how many entries were removed.
+    """
+    return suppression.remove(recipient, channel=_suppression_channel(channel), actor="api", now=_aware(None))
+
+
+def is_suppressed(recipient: str, *, channel: str) -> bool:
+    """Whether a notification to ``recipient`` on ``channel`` would be stopped now (own entry or ``*``)."""
+    return suppression.active(recipient, channel=channel, now=_aware(None)) is not None

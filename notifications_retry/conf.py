@@ -60,6 +60,9 @@ class RetrySettings:
     OUTBOX_RELAY_INTERVAL_SECONDS: float = 1.0
     OUTBOX_RELAY_MAX_BACKOFF_SECONDS: float = 60.0
     BACKLOG_SAMPLE_RETENTION_HOURS: int = 48
+    # Suppression reason -> days a suppression lasts after its last report; a reason not named never
+    # expires (docs/suppression.md).
+    SUPPRESSION_RETENTION_DAYS: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # What the public API accepts (docs/settings.md#what-the-api-accepts).
     MAX_PAYLOAD_BYTES: int = bounds.DEFAULT_MAX_PAYLOAD_BYTES
     MAX_PAYLOAD_DEPTH: int = bounds.DEFAULT_MAX_PAYLOAD_DEPTH
@@ -133,6 +136,27 @@ def settings_problems(conf: RetrySettings) -> list[str]:
     if conf.METRICS_PORT is not None and not bounds.METRICS_PORT.contains(conf.METRICS_PORT):
         problems.append(f"METRICS_PORT must be a port number (0 to 65535) or None, got {conf.METRICS_PORT!r}")
     problems.extend(_outbox_problems(conf))
+    problems.extend(_suppression_problems(conf))
+    return problems
+
+
+SUPPRESSION_REASONS = ("hard_bounce", "complaint", "unsubscribed", "manual", "invalid_recipient")
+
+
+def _suppression_problems(conf: RetrySettings) -> list[str]:
+    retention = conf.SUPPRESSION_RETENTION_DAYS
+    if not isinstance(retention, Mapping):
+        return [f"SUPPRESSION_RETENTION_DAYS must map suppression reasons to days, got {retention!r}"]
+    problems = []
+    for reason, days in retention.items():
+        if reason not in SUPPRESSION_REASONS:
+            problems.append(
+                f"SUPPRESSION_RETENTION_DAYS names {reason!r}; reasons are {', '.join(SUPPRESSION_REASONS)}"
+            )
+        elif isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 36_500:
+            problems.append(
+                f"SUPPRESSION_RETENTION_DAYS[{reason!r}] must be whole days from 1 to 36500, got {days!r}"
+            )
     return problems
 
 

@@ -1,4 +1,5 @@
-"""Housekeeping: expire stale dead letters, prune published outbox rows and old backlog samples.
+"""Housekeeping: expire stale dead letters, prune published outbox rows, old backlog samples and
+suppressions whose expiry has passed.
 
 Run it daily (``manage.py notifications_housekeeping``). Each step is a short transaction (or a few,
 for large deletions), so it can run next to the worker and the relay.
@@ -12,6 +13,7 @@ from datetime import datetime, timedelta
 import structlog
 from django.utils import timezone
 
+from notifications_retry.delivery.suppression import prune_expired
 from notifications_retry.delivery.triage import expire_dead_letters
 
 from .conf import get_settings
@@ -30,6 +32,7 @@ class HousekeepingReport:
     expired_dead_letters: int
     pruned_outbox: int
     pruned_backlog_samples: int
+    pruned_suppressions: int = 0
 
 
 def prune_published_outbox(*, older_than: datetime, chunk: int = DELETE_CHUNK) -> int:
@@ -73,6 +76,7 @@ def run_housekeeping(
         expired_dead_letters=expire_dead_letters(retention=dead_letter_retention, now=now),
         pruned_outbox=prune_published_outbox(older_than=now - outbox_retention),
         pruned_backlog_samples=prune_backlog_samples(older_than=now - sample_retention),
+        pruned_suppressions=prune_expired(now=now),
     )
     log.info("housekeeping-completed", **dataclasses.asdict(report))
     return report

@@ -32,6 +32,10 @@ PROVIDER_CRASH = "provider_crash"
 TIMEOUT = "timeout"
 THROTTLED = "throttled"
 INVALID_RECIPIENT = "invalid_recipient"
+#: The recipient is on the suppression list: terminal before any attempt (no provider call).
+SUPPRESSED = "suppressed"
+#: A permanent SMTP reply that names the recipient itself (5.1.1, 5.1.10, 5.2.1): it also suppresses it.
+MAILBOX_UNAVAILABLE = "mailbox_unavailable"
 
 
 @dataclasses.dataclass
@@ -145,14 +149,22 @@ def failure_of(exc: BaseException) -> Failure:
 
 
 def before_send(
-    *, attempts_done: int, budget: int, expires_at: datetime | None, now: datetime
+    *,
+    attempts_done: int,
+    budget: int,
+    expires_at: datetime | None,
+    now: datetime,
+    suppressed: str | None = None,
 ) -> Failure | None:
     """What stops a due record before its next send, if anything.
 
-    ``attempts_done`` attempts were counted already: when that is the whole budget, the last one never
-    finished (its worker stopped or crashed during it). A deadline in the past means the message is
-    no longer wanted.
+    ``suppressed`` says why the recipient is on the suppression list, when it is: nothing is sent to
+    it, whatever the budget. ``attempts_done`` attempts were counted already: when that is the whole
+    budget, the last one never finished (its worker stopped or crashed during it). A deadline in the
+    past means the message is no longer wanted.
     """
+    if suppressed:
+        return Failure(SUPPRESSED, suppressed, retriable=False, ambiguous=False)
     if attempts_done >= budget:
         return Failure(
             EXHAUSTED,
@@ -194,8 +206,10 @@ __all__ = [
     "CANCELLED",
     "EXHAUSTED",
     "EXPIRED",
+    "MAILBOX_UNAVAILABLE",
     "RETRY",
     "SENT",
+    "SUPPRESSED",
     "TERMINAL",
     "UNDECODABLE",
     "ClaimedRecord",

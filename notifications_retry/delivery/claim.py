@@ -1,8 +1,9 @@
 """Claim: one short transaction that leases due rows (``FOR UPDATE SKIP LOCKED``) for sending.
 
 The attempt is counted and a lease (token + expiry) recorded, the status left as it is; the provider
-is then called with no transaction open. Rows whose budget is already spent or whose deadline passed
-are settled terminal in the same transaction, without a provider call (see :mod:`..outcomes`).
+is then called with no transaction open. Rows whose budget is already spent or whose deadline passed,
+and rows to a suppressed recipient (one lookup per batch, :mod:`.suppression`), are settled terminal
+in the same transaction, without a provider call or a counted attempt (see :mod:`..outcomes`).
 
 A row the claim cannot read or lease (a value Python cannot hold, a state the triggers refuse) is
 set aside: the batch is claimed again row by row, and the offending row is reported and skipped from
@@ -28,6 +29,7 @@ from django.db import DatabaseError, connection, transaction
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, first_line, reachable
 from notifications_retry.delivery.session import bound_transaction
+from notifications_retry.delivery.suppression import suppressed_in_batch
 from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import (
     TERMINAL,
@@ -243,6 +245,8 @@ class _Claim:
         self.priorities = priorities
         self.skip = set(skip)
         self.max_payload_bytes = max_payload_bytes
+        #: Why each row of the batch in hand is suppressed (one lookup per batch, in the claim).
+        self.suppressed: Mapping[uuid.UUID, str] = {}
 
     def query(
         self, plan: Sequence[ChannelClaim], total: int, only: uuid.UUID | None = None
@@ -272,6 +276,9 @@ class _Claim:
             within = [row for row in fetched if not row[_OVER_BUDGET]]
             rows, more = _recovery_group(within)
             more = more or len(within) < len(fetched)
+            self.suppressed = suppressed_in_batch(
+                cursor, [(row[0], self.budgets[row[2]][1], row[3]) for row in rows], self.now
+            )
             ids: list[str] = []
             leases: list[str] = []
             for row in rows:
@@ -332,7 +339,13 @@ class _Claim:
         return (
             record,
             float(lease),
-            before_send(attempts_done=attempts, budget=budget, expires_at=expires_at, now=self.now),
+            before_send(
+                attempts_done=attempts,
+                budget=budget,
+                expires_at=expires_at,
+                now=self.now,
+                suppressed=self.suppressed.get(nid),
+            ),
         )
 
     def isolate(self, plan: Sequence[ChannelClaim], total: int, cause: BaseException) -> ClaimBatch:

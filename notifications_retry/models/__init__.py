@@ -10,21 +10,27 @@ from .bookkeeping import BacklogSample, DeadLetterAction, WorkerHeartbeat
 from .channels import ChannelConfig, ChannelConfigQuerySet
 from .constraints import check_constraint, range_constraint
 from .notifications import CANCELLED_ERROR_KIND, NotificationEntity, NotificationQuerySet
-from .outbox import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
+from .outbox import CONTRACT_VERSION, DELIVERY_STATUS_TOPIC, DISPATCHED_TOPIC, Outbox
 from .recovery import RecoveryJob
+from .suppression import ALL_CHANNELS, DeliveryStatus, Suppression, SuppressionChange
 
 __all__ = [
+    "ALL_CHANNELS",
     "CANCELLED_ERROR_KIND",
     "CONTRACT_VERSION",
+    "DELIVERY_STATUS_TOPIC",
     "DISPATCHED_TOPIC",
     "BacklogSample",
     "ChannelConfig",
     "ChannelConfigQuerySet",
     "DeadLetterAction",
+    "DeliveryStatus",
     "NotificationEntity",
     "NotificationQuerySet",
     "Outbox",
     "RecoveryJob",
+    "Suppression",
+    "SuppressionChange",
     "WorkerHeartbeat",
     "check_constraint",
     "range_constraint",

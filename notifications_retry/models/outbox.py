@@ -13,6 +13,8 @@ from ..db_rules import outbox_triggers
 from ..event_ids import DERIVED_EVENT_ID, outbox_event_id
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
+#: What an ESP reported after a send (docs/events.md); its events carry the same contract version.
+DELIVERY_STATUS_TOPIC = "pin.notifications.delivery-status.v1"
 CONTRACT_VERSION = 1
 
 

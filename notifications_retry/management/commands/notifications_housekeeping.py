@@ -15,7 +15,7 @@ from notifications_retry.management import option_types
 class Command(BaseCommand):
     help = (
         "Mark unresolved dead letters older than the retention unresolvable, delete published outbox "
-        "events older than theirs, and delete old backlog samples."
+        "events older than theirs, and delete old backlog samples and expired suppressions."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -50,5 +50,6 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             f"expired {report.expired_dead_letters} dead letter(s), pruned {report.pruned_outbox} "
-            f"outbox event(s) and {report.pruned_backlog_samples} backlog sample(s)"
+            f"outbox event(s) and {report.pruned_backlog_samples} backlog sample(s); "
+            f"deleted {report.pruned_suppressions} expired suppression(s)"
         )

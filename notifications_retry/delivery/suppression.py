@@ -1,0 +1,226 @@
+"""The suppression list's reads and writes: the claim's one lookup per batch, and every way a row is written.
+
+The claim asks :func:`suppressed_in_batch` once per batch, in its own transaction: one statement on the
+``(address, channel)`` unique index for the whole batch, however many rows it holds. A notification
+whose recipient is suppressed on its channel (or on ``*``) is then settled terminal ``suppressed`` in
+that claim, with no attempt counted and no provider call (:func:`notifications_retry.outcomes.before_send`).
+
+Rows are written by :func:`record` (an ESP's report, an SMTP reply, the API, the admin): one upsert,
+so concurrent reports of one address extend one row (``events`` + 1, the later ``last_event_at``,
+the later expiry) instead of failing or duplicating it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+
+from notifications_retry.addresses import normalize_recipient
+from notifications_retry.conf import get_settings
+from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
+
+_TABLE = Suppression._meta.db_table
+
+Reason = Suppression.Reason
+
+#: When two reasons meet on one row, the row keeps the stronger: a complaint is never downgraded to a
+#: bounce by a later report, and an operator's manual entry gives way to what the ESP saw.
+_STRENGTH = {
+    Reason.MANUAL: 1,
+    Reason.INVALID_RECIPIENT: 2,
+    Reason.HARD_BOUNCE: 3,
+    Reason.UNSUBSCRIBED: 4,
+    Reason.COMPLAINT: 5,
+}
+
+# Recipients travel as one JSON array (json.dumps runs in C; psycopg quotes array elements in Python).
+_LOOKUP = f"""
+SELECT s.address, s.channel, s.reason FROM {_TABLE} s
+WHERE s.address = ANY(ARRAY(SELECT jsonb_array_elements_text(%(addresses)s::jsonb)))
+  AND (s.expires_at IS NULL OR s.expires_at > %(now)s)
+"""
+
+
+def suppressed_in_batch(
+    cursor: Any, recipients: Sequence[tuple[uuid.UUID, str, Any]], now: datetime
+) -> dict[uuid.UUID, str]:
+    """Which of a claimed batch's notifications are suppressed, and why: one statement for the batch.
+
+    ``recipients`` holds (notification id, channel key, recipient). A recipient that is not a string
+    (the claim settles such a row otherwise) is never suppressed.
+    """
+    wanted: dict[uuid.UUID, tuple[str, str]] = {}
+    for nid, channel_key, recipient in recipients:
+        if isinstance(recipient, str) and recipient:
+            wanted[nid] = (normalize_recipient(recipient), channel_key)
+    if not wanted:
+        return {}
+    addresses = sorted({address for address, _ in wanted.values()})
+    cursor.execute(_LOOKUP, {"addresses": json.dumps(addresses), "now": now})
+    found: dict[tuple[str, str], str] = {
+        (address, channel): reason for address, channel, reason in cursor.fetchall()
+    }
+    if not found:
+        return {}
+    suppressed: dict[uuid.UUID, str] = {}
+    for nid, (address, channel_key) in wanted.items():
+        reason = found.get((address, channel_key)) or found.get((address, ALL_CHANNELS))
+        if reason is not None:
+            scope = channel_key if (address, channel_key) in found else ALL_CHANNELS
+            suppressed[nid] = f"recipient is on the suppression list ({reason}, channel {scope})"
+    return suppressed
+
+
+def expiry(reason: str, at: datetime, retention: Mapping[str, int] | None = None) -> datetime | None:
+    """When a suppression for ``reason`` reported at ``at`` expires: ``SUPPRESSION_RETENTION_DAYS``.
+
+    A reason the setting does not name never expires (complaints and unsubscribes by default).
+    """
+    days = (get_settings().SUPPRESSION_RETENTION_DAYS if retention is None else retention).get(reason)
+    return at + timedelta(days=days) if days else None
+
+
+_UPSERT = f"""
+INSERT INTO {_TABLE} AS s (address, channel, reason, source, detail, first_event_at, last_event_at,
+                           events, expires_at)
+VALUES (%(address)s, %(channel)s, %(reason)s, %(source)s, %(detail)s, %(at)s, %(at)s, 1, %(expires_at)s)
+ON CONFLICT (address, channel) DO UPDATE SET
+    reason = CASE WHEN %(strength)s >= (CASE s.reason {{strengths}} ELSE 0 END) THEN EXCLUDED.reason
+                  ELSE s.reason END,
+    source = EXCLUDED.source,
+    detail = EXCLUDED.detail,
+    first_event_at = LEAST(s.first_event_at, EXCLUDED.first_event_at),
+    last_event_at = GREATEST(s.last_event_at, EXCLUDED.last_event_at),
+    events = s.events + 1,
+    -- An expiry only moves later: a row that never expires keeps never expiring.
+    expires_at = CASE WHEN s.expires_at IS NULL OR EXCLUDED.expires_at IS NULL THEN
+                          CASE WHEN %(forced)s THEN EXCLUDED.expires_at END
+                      ELSE GREATEST(s.expires_at, EXCLUDED.expires_at) END
+RETURNING s.id, (xmax = 0) AS created
+""".format(strengths=" ".join(f"WHEN '{r.value}' THEN {n}" for r, n in _STRENGTH.items()))
+
+
+def record(
+    recipient: str,
+    *,
+    channel: str = ALL_CHANNELS,
+    reason: str,
+    source: str,
+    at: datetime,
+    detail: str = "",
+    expires_at: datetime | None = None,
+    expires_given: bool = False,
+) -> tuple[Suppression, bool]:
+    """Create or extend the suppression of ``recipient`` on ``channel``; returns it and whether it is new.
+
+    The expiry follows ``SUPPRESSION_RETENTION_DAYS`` unless ``expires_given`` (then ``expires_at``,
+    None meaning never, replaces whatever the row had).
+    """
+    if reason not in _STRENGTH:
+        raise ValueError(f"reason must be one of {', '.join(sorted(_STRENGTH))}, got {reason!r}")
+    address = normalize_recipient(recipient)
+    if not address or not address.strip():
+        raise ValueError("a suppression needs a recipient")
+    if not isinstance(channel, str) or not channel:
+        raise ValueError(f"channel must be a channel key or {ALL_CHANNELS!r}, got {channel!r}")
+    params: dict[str, Any] = {
+        "address": address,
+        "channel": channel,
+        "reason": reason,
+        "strength": _STRENGTH[Reason(reason)],
+        "source": source[:255],
+        "detail": detail[:2000],
+        "at": at,
+        "expires_at": expires_at if expires_given else expiry(reason, at),
+        "forced": expires_given,
+    }
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_UPSERT, params)
+        pk, created = cursor.fetchone()
+    return Suppression.objects.get(pk=pk), bool(created)
+
+
+def add(
+    recipient: str,
+    *,
+    channel: str = ALL_CHANNELS,
+    reason: str = Reason.MANUAL,
+    actor: str,
+    note: str = "",
+    expires_at: datetime | None = None,
+    now: datetime,
+) -> Suppression:
+    """A suppression added by hand (the API, the admin), with its audit row, in one transaction."""
+    with transaction.atomic():
+        suppression, _ = record(
+            recipient,
+            channel=channel,
+            reason=reason,
+            source=f"operator: {actor}"[:255],
+            detail=note,
+            at=now,
+            expires_at=expires_at if expires_at is not None else expiry(reason, now),
+            expires_given=True,
+        )
+        SuppressionChange.objects.create(
+            address=suppression.address,
+            channel=suppression.channel,
+            action=SuppressionChange.Action.ADD,
+            reason=reason,
+            actor=actor[:150],
+            note=note,
+            created_at=now,
+        )
+    return suppression
+
+
+def remove(recipient: str, *, channel: str = ALL_CHANNELS, actor: str, note: str = "", now: datetime) -> int:
+    """Lift suppressions by hand, audited: ``*`` lifts the address on every channel, a key only its own row.
+
+    Returns how many rows were deleted.
+    """
+    address = normalize_recipient(recipient)
+    rows = Suppression.objects.filter(address=address)
+    if channel != ALL_CHANNELS:
+        rows = rows.filter(channel=channel)
+    with transaction.atomic():
+        removed = list(rows.select_for_update().values_list("pk", "channel", "reason"))
+        Suppression.objects.filter(pk__in=[pk for pk, _, _ in removed]).delete()
+        SuppressionChange.objects.bulk_create(
+            SuppressionChange(
+                address=address,
+                channel=row_channel,
+                action=SuppressionChange.Action.REMOVE,
+                reason=reason,
+                actor=actor[:150],
+                note=note,
+                created_at=now,
+            )
+            for _, row_channel, reason in removed
+        )
+    return len(removed)
+
+
+def active(recipient: str, *, channel: str, now: datetime) -> Suppression | None:
+    """The suppression that stops a send to ``recipient`` on ``channel`` now (its own, else ``*``)."""
+    channels: Iterable[str] = {channel, ALL_CHANNELS}
+    rows = (
+        Suppression.objects.filter(address=normalize_recipient(recipient), channel__in=channels)
+        .exclude(expires_at__lte=now)
+        .order_by("-channel")  # a channel's own row before '*'
+    )
+    return rows.first()
+
+
+def prune_expired(*, now: datetime) -> int:
+    """Delete suppressions whose expiry has passed (housekeeping)."""
+    deleted, _ = Suppression.objects.filter(expires_at__lte=now).delete()
+    return deleted
+
+
+__all__ = ["active", "add", "expiry", "prune_expired", "record", "remove", "suppressed_in_batch"]
