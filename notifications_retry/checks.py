@@ -18,6 +18,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from .conf import RetrySettings, get_settings, settings_problems
+from .exception_chain import first_line
 from .exceptions import ChannelConfigurationError
 
 #: Default ports of transaction poolers: 6432 PgBouncer (also Odyssey's and PgCat's), 6543 Supavisor's
@@ -239,18 +240,13 @@ def check_channels(
         return [
             Warning(
                 "NOTIFICATIONS_RETRY: channels were not checked: cannot read them from the database "
-                f"'default' ({type(exc).__name__}: {_first_line(exc)}).",
+                f"'default' ({first_line(exc)}).",
                 hint="Run `manage.py check` again when the database is reachable: it then names every "
                 "channel that cannot send, including webhook URLs the URL policy refuses.",
                 id="notifications_retry.W006",
             )
         ]
     return [message for channel in channels for message in _channel_messages(channel)]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else ""
 
 
 def _channel_messages(channel: Any) -> list[CheckMessage]:

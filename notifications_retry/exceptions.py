@@ -34,11 +34,6 @@ class ProviderError(NotificationsRetryError):
         self.retry_after = retry_after
         self.ambiguous = ambiguous
 
-    @property
-    def unambiguous(self) -> bool:
-        """Nothing of this attempt can have been delivered."""
-        return not self.ambiguous
-
 
 class RetryableProviderError(ProviderError):
     """Temporary failure: timeout, connection error, 5xx, throttling. Retried with backoff."""

@@ -1,4 +1,9 @@
-"""Backoff policy as a pure function: the clock and randomness are parameters."""
+"""Backoff as pure functions: the clock and randomness are parameters.
+
+:func:`exponential_delay` is the one doubling-with-a-cap rule: a record's retries (:class:`BackoffPolicy`),
+a worker whose database is down, a commit that waits for it, the relay and the ``http`` publisher all
+wait by it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,14 @@ FIXED = "fixed"
 #: The longest wait before a next attempt, whatever the backoff or a provider's Retry-After says.
 MAX_DELAY_SECONDS = 366 * 86_400
 EXPONENTIAL = "exponential"
+
+
+def exponential_delay(step: int, first: float, cap: float) -> float:
+    """The wait before try ``step + 1`` after ``step`` failures: ``min(cap, first * 2 ** (step - 1))``."""
+    if step < 1:
+        raise ValueError(f"step must be >= 1 after a failure, got {step}")
+    # Guard the exponent so a huge step count cannot overflow a float.
+    return float(min(cap, first * 2.0 ** min(step - 1, 62)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +40,7 @@ class BackoffPolicy:
             raise ValueError(f"attempts must be >= 1 after a failed attempt, got {attempts}")
         if self.kind == FIXED:
             return min(self.cap_seconds, self.base_seconds)
-        # Guard the exponent so a huge attempt count cannot overflow a float.
-        exponent = min(attempts - 1, 62)
-        return float(min(self.cap_seconds, self.base_seconds * 2**exponent))
+        return exponential_delay(attempts, self.base_seconds, self.cap_seconds)
 
     def delay(self, attempts: int, rng: random.Random) -> float:
         """Base delay spread by +-jitter_ratio, so a burst of failures does not return as a burst."""

@@ -8,10 +8,12 @@ from datetime import datetime
 
 from django.db import transaction
 
-from notifications_retry import events
+from notifications_retry.delivery.finalize import apply_outcomes
+from notifications_retry.delivery.handoff import record_of
+from notifications_retry.delivery.triage import discard_row
 from notifications_retry.exceptions import InvalidTransition
-from notifications_retry.models import DeadLetterAction, NotificationEntity
-from notifications_retry.outcomes import CANCELLED, TERMINAL, Failure, decide
+from notifications_retry.models import NotificationEntity
+from notifications_retry.outcomes import CANCELLED, TERMINAL, Failure, decide, outcome_of
 from notifications_retry.retry import BackoffPolicy
 
 
@@ -32,8 +34,9 @@ def cancel(pk: uuid.UUID | str, *, actor: str, reason: str, now: datetime) -> No
             raise InvalidTransition(f"cannot cancel notification {pk}: a worker is sending it now")
         error = f"cancelled by {actor}" + (f": {reason}" if reason else "")
         # A cancel is a permanent failure: the same decision as any other (no backoff is consulted).
+        failure = Failure(CANCELLED, error, retriable=False)
         decision = decide(
-            Failure(CANCELLED, error, retriable=False),
+            failure,
             attempts=row.attempts,
             budget=row.channel.max_attempts,
             now=now,
@@ -41,40 +44,12 @@ def cancel(pk: uuid.UUID | str, *, actor: str, reason: str, now: datetime) -> No
             rng=random.Random(0),
         )
         assert decision.result == TERMINAL
+        # The terminal row and its Failed event are written as every outcome's are; the row is locked
+        # by this transaction, so no claim token guards the write.
+        record = record_of(row, row.attempts)
+        apply_outcomes([outcome_of(record, decision, failure=failure)], now, guarded=False)
         # Terminal means dead-lettered in this schema (the worker never takes it again); it is
         # resolved at once so that it does not wait in the triage queue.
-        NotificationEntity.objects.filter(pk=row.pk).update(
-            status=NotificationEntity.Status.FAILED,
-            error_kind=decision.error_kind,
-            last_error=decision.error,
-            next_attempt_at=None,
-            claim_token=None,
-            claim_expires_at=None,
-            dead_lettered_at=now,
-            dead_letter_reason=f"{decision.error_kind}: {decision.error}",
-            resolution=NotificationEntity.Resolution.DISCARDED,
-            resolved_at=now,
-            updated_at=now,
-        )
-        DeadLetterAction.objects.create(
-            notification=row,
-            action=DeadLetterAction.Action.DISCARD,
-            actor=actor,
-            reason=error,
-            attempts_before=row.attempts,
-            created_at=now,
-        )
-        events.dispatched_event(
-            generation=row.requeue_count,
-            created_at=now,
-            notification_id=row.pk,
-            tenant_id=row.tenant_id,
-            channel=row.channel.key,
-            status=events.FAILED,
-            attempts=row.attempts,
-            provider_message_id=row.provider_message_id,
-            error=error,
-            error_kind=decision.error_kind,
-        ).save(force_insert=True)
+        discard_row(row, actor=actor, reason=error, now=now)
         row.refresh_from_db()
     return row

@@ -27,9 +27,10 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, first_line, reachable
+from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, reachable
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.delivery.suppression import suppressed_in_batch
+from notifications_retry.exception_chain import first_line
 from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import (
     TERMINAL,

@@ -19,6 +19,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from notifications_retry import events
 from notifications_retry.delivery.session import bound_transaction
+from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
     CONTRACT_VERSION,
     DISPATCHED_TOPIC,
@@ -230,12 +231,6 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
             )
             report.failed.append(outcome)
     return report
-
-
-def first_line(exc: BaseException) -> str:
-    """The error in one line: its type and the first line of its message."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def reachable() -> bool:

@@ -18,11 +18,11 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.channel_rules import backoff_policy, lease_seconds
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.outcomes import ClaimedRecord, Failure, Outcome, attempt_budget, decide, outcome_of
-from notifications_retry.retry import BackoffPolicy
 
 
 def _locked_fresh(pk: uuid.UUID | str, now: datetime) -> NotificationEntity:
@@ -40,7 +40,8 @@ def _locked_fresh(pk: uuid.UUID | str, now: datetime) -> NotificationEntity:
     return row
 
 
-def _record_of(row: NotificationEntity, attempts: int, token: uuid.UUID | None = None) -> ClaimedRecord:
+def record_of(row: NotificationEntity, attempts: int, token: uuid.UUID | None = None) -> ClaimedRecord:
+    """A row as the record an outcome is decided on (``attempts``: this attempt counted)."""
     return ClaimedRecord(
         id=row.pk,
         tenant_id=row.tenant_id,
@@ -70,12 +71,7 @@ def _decided(
     budget = attempt_budget(
         channel.max_attempts, channel.key, record.notification_type, conf.ATTEMPTS_BY_TYPE
     )
-    policy = BackoffPolicy(
-        kind=channel.retry_backoff,
-        base_seconds=float(channel.backoff_base_seconds),
-        cap_seconds=float(channel.backoff_cap_seconds),
-        jitter_ratio=conf.JITTER_RATIO,
-    )
+    policy = backoff_policy(channel, conf.JITTER_RATIO)
     decision = decide(failure, attempts=record.attempts, budget=budget, now=now, policy=policy, rng=rng)
     return outcome_of(record, decision, failure=failure, provider_message_id=provider_message_id)
 
@@ -91,7 +87,7 @@ def record_attempt(
     """Record the monolith's attempt at a fresh Pending row (``failure`` None: it was delivered)."""
     with transaction.atomic():
         row = _locked_fresh(pk, now)
-        record = _record_of(row, row.attempts + 1)
+        record = record_of(row, row.attempts + 1)
         outcome = _decided(record, row.channel, failure, provider_message_id, now, rng)
         # The row is locked by this transaction: no claim token to guard with.
         apply_outcomes([outcome], now, guarded=False)
@@ -103,12 +99,11 @@ def lease_fresh(pk: uuid.UUID | str, *, now: datetime) -> tuple[ClaimedRecord, C
     with transaction.atomic():
         row = _locked_fresh(pk, now)
         token = uuid.uuid4()
-        lease = 2 * float(row.channel.timeout_seconds) + get_settings().LEASE_GRACE_SECONDS
-        expires = now + timedelta(seconds=lease)
+        expires = now + timedelta(seconds=lease_seconds(row.channel, get_settings().LEASE_GRACE_SECONDS))
         NotificationEntity.objects.filter(pk=row.pk).update(
             attempts=row.attempts + 1, claim_token=token, claim_expires_at=expires, updated_at=now
         )
-        record = _record_of(row, row.attempts + 1, token)
+        record = record_of(row, row.attempts + 1, token)
         record.lease_expires_at = expires
         return record, row.channel
 

@@ -10,9 +10,10 @@ transaction itself: a connection pool or PgBouncer hands the session on with its
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 
 from notifications_retry.conf import get_settings
 
@@ -68,7 +69,9 @@ def drop_broken_connection() -> None:
 
     Unlike ``close_old_connections`` this keeps a healthy connection, whatever ``CONN_MAX_AGE`` says:
     a long-running worker has no request cycle to bound a connection's life. The connection is this
-    thread's own (the worker's, or the commit thread's); the next statement opens a new one.
+    thread's own (the worker's, the commit thread's, the relay's); the next statement opens a new one.
     """
     if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
-        connection.close()
+        # Closing a connection the server already dropped may raise too: it is gone either way.
+        with contextlib.suppress(DatabaseError):
+            connection.close()

@@ -127,19 +127,24 @@ def discard(
             if row.pk not in allowed:
                 result.refused[row.pk] = _discard_refusal(row)
                 continue
-            DeadLetterAction.objects.create(
-                notification=row,
-                action=DeadLetterAction.Action.DISCARD,
-                actor=actor,
-                reason=reason,
-                attempts_before=row.attempts,
-                created_at=now,
-            )
-            NotificationEntity.objects.filter(pk=row.pk).update(
-                resolution=NotificationEntity.Resolution.DISCARDED, resolved_at=now, updated_at=now
-            )
+            discard_row(row, actor=actor, reason=reason, now=now)
             result.done.append(row.pk)
     return result
+
+
+def discard_row(row: NotificationEntity, *, actor: str, reason: str, now: datetime) -> None:
+    """Resolve one dead letter, locked by the caller's transaction, as discarded; audited."""
+    DeadLetterAction.objects.create(
+        notification=row,
+        action=DeadLetterAction.Action.DISCARD,
+        actor=actor,
+        reason=reason,
+        attempts_before=row.attempts,
+        created_at=now,
+    )
+    NotificationEntity.objects.filter(pk=row.pk).update(
+        resolution=NotificationEntity.Resolution.DISCARDED, resolved_at=now, updated_at=now
+    )
 
 
 def expire_dead_letters(*, retention: timedelta, now: datetime | None = None) -> int:

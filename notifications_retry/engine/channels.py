@@ -16,22 +16,20 @@ import structlog
 from django.db.models import Count
 
 from notifications_retry.conf import RetrySettings
+from notifications_retry.delivery.channel_rules import (
+    QUEUE_ROUNDS,
+    RATE_HORIZON_SECONDS,
+    backoff_policy,
+    lease_seconds,
+)
 from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
 from notifications_retry.lanes import LaneSettings, shared_limits
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import ClaimedRecord
 from notifications_retry.providers import Provider, get_provider_class
-from notifications_retry.retry import BackoffPolicy
 
 log = structlog.get_logger("notifications_retry.worker")
-
-#: How far ahead a rate-limited channel may claim: records it can start within this many seconds.
-RATE_HORIZON_SECONDS = 0.25
-#: Rounds of this lane's max_concurrency a non-inline channel keeps claimed behind its calls in flight:
-#: one, so a slot that frees up finds its next record waiting without a claim, while a crash strands
-#: at most one round of unstarted rows (and leases stay short).
-QUEUE_ROUNDS = 1
 
 
 def channel_fingerprint(c: ChannelConfig) -> tuple[Any, ...]:
@@ -83,12 +81,7 @@ class ChannelRuntime:
         self.inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
         self.exhausted = False
-        self.policy = BackoffPolicy(
-            kind=config.retry_backoff,
-            base_seconds=float(config.backoff_base_seconds),
-            cap_seconds=float(config.backoff_cap_seconds),
-            jitter_ratio=conf.JITTER_RATIO,
-        )
+        self.policy = backoff_policy(config, conf.JITTER_RATIO)
 
     @property
     def inline(self) -> bool:
@@ -101,15 +94,9 @@ class ChannelRuntime:
         return self.config.key
 
     def lease_seconds(self, conf: RetrySettings) -> float:
-        """Long enough for the round queued ahead of a record and its own call, plus a grace period.
-
-        With a fallback, a call may be followed by the fallback's: the lease covers both, so a failover
-        never outlives its record's lease (a late outcome would be discarded and the row sent again).
-        """
-        timeout = float(self.config.timeout_seconds)
-        if self.fallback is not None:
-            timeout += float(self.fallback.config.timeout_seconds)
-        return (QUEUE_ROUNDS + 1) * timeout + RATE_HORIZON_SECONDS + conf.LEASE_GRACE_SECONDS
+        """This channel's lease (:func:`~notifications_retry.delivery.channel_rules.lease_seconds`)."""
+        fallback = self.fallback.config if self.fallback is not None else None
+        return lease_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
 
     def capacity(self, now_mono: float, chunk: int) -> int:
         """How many more records to claim for this channel now (0: none)."""

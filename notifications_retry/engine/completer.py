@@ -20,6 +20,7 @@ from notifications_retry.clock import Clock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, finalize
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import Outcome
+from notifications_retry.retry import exponential_delay
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -80,7 +81,8 @@ class Completer:
         self._pending: list[Outcome] = []
         self._first_at = 0.0
         self._retry_at = 0.0
-        self._backoff = 0.0
+        #: Commits in a row that found the database unreachable (0: the last one did not).
+        self._failed_in_a_row = 0
         #: Commit attempts that found the database unreachable (for tests and the tick's stats).
         self.outages = 0
         #: The logger of the tick under way (the commit thread logs with it; inline, ``commit`` is given it).
@@ -93,7 +95,7 @@ class Completer:
     @property
     def unavailable(self) -> bool:
         """Whether the last commit found the database unreachable."""
-        return self._backoff > 0
+        return self._failed_in_a_row > 0
 
     def add(self, outcomes: Iterable[Outcome]) -> None:
         new = list(outcomes)
@@ -146,18 +148,20 @@ class Completer:
             self._pending = [*self._keep_leased(result.pending, self.clock.now(), bound), *self._pending]
             self.outages += 1
             metrics.OUTCOME_COMMIT_DEFERRED.inc()
-            self._backoff = min(RETRY_MAX_SECONDS, max(RETRY_FIRST_SECONDS, self._backoff * 2))
-            self._retry_at = self.monotonic() + self._backoff
+            self._failed_in_a_row += 1
+            backoff = exponential_delay(self._failed_in_a_row, RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
+            self._retry_at = self.monotonic() + backoff
             bound.error(
                 "outcomes-commit-deferred",
                 reason=str(result),
                 waiting=len(self._pending),
-                retry_in_s=round(self._backoff, 3),
+                retry_in_s=round(backoff, 3),
             )
             return
-        if self._backoff:
+        if self._failed_in_a_row:
             bound.info("outcomes-commit-resumed", after_failures=self.outages)
-        self._backoff = self._retry_at = 0.0
+        self._failed_in_a_row = 0
+        self._retry_at = 0.0
         if self._pending:
             self._first_at = self.monotonic()
         self.on_report(result)

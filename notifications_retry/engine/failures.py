@@ -9,10 +9,12 @@ failure into its exit status (docs/operations.md lists them).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from notifications_retry.exception_chain import causes, message_line
+from notifications_retry.retry import exponential_delay
 
 #: The database could not be reached, or dropped the connection.
 UNREACHABLE = "database-unreachable"
@@ -52,21 +54,6 @@ class TickFailure:
         return EXIT_STATUS[self.kind]
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """The exception and the ones it wraps (Django's wrappers keep the driver's error as the cause)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
 def _where(alias: str) -> str:
     """``database NAME on HOST:PORT`` of a DATABASES alias, without credentials."""
     try:
@@ -82,9 +69,10 @@ def classify(exc: BaseException, alias: str = "default") -> TickFailure | None:
     """The failure ``exc`` stands for, or None when it is no such failure (a bug: let it raise)."""
     if not isinstance(exc, DatabaseError | InterfaceError | psycopg.Error):
         return None
-    chain = list(_chain(exc))
+    # Django's wrappers keep the driver's error as the cause.
+    chain = list(causes(exc))
     states = {state for e in chain if (state := getattr(e, "sqlstate", None))}
-    detail = _first_line(next((e for e in chain if isinstance(e, psycopg.Error)), exc))
+    detail = message_line(next((e for e in chain if isinstance(e, psycopg.Error)), exc))
     if states & _NOT_MIGRATED_STATES:
         return TickFailure(NOT_MIGRATED, f"{_where(alias)} is not migrated ({detail}): run manage.py migrate")
     lost = isinstance(exc, _CONNECTION_ERRORS)
@@ -114,7 +102,7 @@ class Backoff:
             self.failures = 0
             return self.interval
         self.failures += 1
-        backoff = min(BACKOFF_CAP_SECONDS, BACKOFF_FIRST_SECONDS * 2.0 ** min(self.failures - 1, 16))
+        backoff = exponential_delay(self.failures, BACKOFF_FIRST_SECONDS, BACKOFF_CAP_SECONDS)
         return max(self.interval, backoff)
 
 

@@ -181,7 +181,3 @@ class NotificationEntity(models.Model):
             errors.update(exc.error_dict)
         if errors:
             raise ValidationError(errors)
-
-    @property
-    def is_dead_letter(self) -> bool:
-        return self.dead_lettered_at is not None

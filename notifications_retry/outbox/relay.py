@@ -31,14 +31,16 @@ from typing import Any
 
 import psycopg
 import structlog
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 
 from notifications_retry import events
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.locks import dedicated_connection, direct_session_pid
 from notifications_retry.models import Outbox
 from notifications_retry.outbox.publishers import Publisher, PublishError, get_publisher
+from notifications_retry.retry import exponential_delay
 
 log = structlog.get_logger("notifications_retry.relay")
 
@@ -276,7 +278,7 @@ class Relay:
     def run(self, once: bool = False) -> list[RelayReport]:
         """Loop until stopped (or, with ``once``, until nothing more can be published now)."""
         reports: list[RelayReport] = []
-        pause = self.interval
+        down_in_a_row = 0
         try:
             while not self._stop.is_set():
                 self.clock.sync()
@@ -284,7 +286,7 @@ class Relay:
                     report = self.batch()
                 except (DatabaseError, psycopg.Error):
                     log.exception("relay-batch-failed")
-                    _drop_broken_connection()
+                    drop_broken_connection()
                     self.locks.close()
                     report = RelayReport(endpoint_down=True)
                 reports.append(report)
@@ -293,21 +295,16 @@ class Relay:
                 if once and (drained or report.failed or report.endpoint_down):
                     break
                 if report.endpoint_down:
-                    self._sleep(pause)
-                    pause = min(self.max_backoff, pause * 2)
+                    down_in_a_row += 1
+                    self._sleep(exponential_delay(down_in_a_row, self.interval, self.max_backoff))
                     continue
-                pause = self.interval
+                down_in_a_row = 0
                 if drained or report.failed:
                     self._sleep(self.interval)
         finally:
             self.locks.close()
             self.publisher.close()
         return reports
-
-
-def _drop_broken_connection() -> None:
-    with contextlib.suppress(DatabaseError):
-        connection.close()
 
 
 def run_relay(

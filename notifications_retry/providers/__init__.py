@@ -31,7 +31,6 @@ __all__ = [
     "Provider",
     "SendResult",
     "get_provider_class",
-    "provider_keys",
     "registry",
 ]
 
@@ -48,11 +47,6 @@ def registry() -> dict[str, type[Provider]]:
             raise ChannelConfigurationError(f"provider {key!r}: {path!r} is not a Provider subclass")
         providers[key] = cls
     return providers
-
-
-def provider_keys() -> list[str]:
-    """Sorted provider keys, for choices and error messages."""
-    return sorted(registry())
 
 
 def get_provider_class(key: str) -> type[Provider]:

@@ -21,10 +21,11 @@ from __future__ import annotations
 import re
 import smtplib
 import socket
-from typing import Any, Literal
+from typing import Literal
 
-from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
-from .webhook import parse_retry_after
+from ..exception_chain import causes
+from ..exceptions import PermanentProviderError, ProviderError, RetryableProviderError
+from .webhook import status_error
 
 #: Where the failure happened: opening the connection (connect, EHLO, STARTTLS, login) or sending.
 Phase = Literal["connect", "send"]
@@ -109,38 +110,10 @@ def _classify_os_error(exc: OSError, phase: Phase) -> ProviderError:
     )
 
 
-def _http_status_error(status: int, headers: Any, reason: str) -> ProviderError:
-    """An ESP's HTTP answer, as the webhook's table: 429/503 honour Retry-After."""
-    retry_after = parse_retry_after(headers.get("Retry-After")) if headers is not None else None
-    if status == 429:
-        return ProviderThrottled(reason, kind="throttled", retry_after=retry_after, ambiguous=False)
-    if status == 503:
-        return RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after, ambiguous=False)
-    if status == 408:
-        return RetryableProviderError(reason, kind="timeout")
-    if status >= 500:
-        return RetryableProviderError(reason, kind="http_5xx")
-    if 400 <= status < 500:
-        return PermanentProviderError(reason, kind="http_4xx", ambiguous=False)
-    return PermanentProviderError(reason, kind="http_unexpected")
-
-
 def _connect_failed(exc: BaseException) -> bool:
     """Whether a transport error happened before any byte of the request could reach the ESP."""
-    seen: set[int] = set()
-    stack: list[Any] = [exc]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        names = {cls.__name__ for cls in type(current).__mro__}
-        if names & {"ConnectTimeout", "NewConnectionError", "NameResolutionError", "ConnectionRefusedError"}:
-            return True
-        if isinstance(current, BaseException):
-            stack.extend([current.__cause__, current.__context__, getattr(current, "reason", None)])
-            stack.extend(arg for arg in current.args if isinstance(arg, BaseException))
-    return False
+    connect_errors = {"ConnectTimeout", "NewConnectionError", "NameResolutionError", "ConnectionRefusedError"}
+    return any(connect_errors & {cls.__name__ for cls in type(e).__mro__} for e in causes(exc))
 
 
 def _anymail_error(exc: Exception) -> bool:
@@ -172,7 +145,8 @@ def _classify_anymail(exc: Exception) -> ProviderError:
     response = getattr(exc, "response", None)
     if isinstance(status, int):
         headers = getattr(response, "headers", None)
-        return _http_status_error(status, headers, f"ESP answered HTTP {status}: {summary}")
+        retry_after = headers.get("Retry-After") if headers is not None else None
+        return status_error(status, retry_after, f"ESP answered HTTP {status}: {summary}")
     if _connect_failed(exc):
         return RetryableProviderError(f"cannot reach the ESP: {summary}", kind="connection", ambiguous=False)
     names = {cls.__name__ for cls in type(exc).__mro__}

@@ -28,6 +28,8 @@ import aiohttp
 import httpx
 import yarl
 
+from ..exception_chain import causes
+
 __all__ = [
     "MAX_HEADERS",
     "MAX_HEADER_FIELD_BYTES",
@@ -337,16 +339,9 @@ def _short(text: str, limit: int = 200) -> str:
 
 def _refusal(exc: BaseException) -> AddressRefused | None:
     """The guard's refusal behind an aiohttp connect error, if that is what it was."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
+    for current in causes(exc):
         if isinstance(current, AddressRefused):
             return current
-        seen.add(id(current))
-        os_error = getattr(current, "os_error", None)
-        if isinstance(os_error, AddressRefused):
-            return os_error
-        current = current.__cause__ or current.__context__
     return None
 
 

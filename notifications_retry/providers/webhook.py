@@ -14,9 +14,10 @@ from urllib.parse import urlsplit
 
 from django.conf import settings as django_settings
 
-from .. import __version__, url_policy
+from .. import url_policy
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
+from ..version import __version__
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
 from .http_client import HttpClient, NeverConnected, TransportError, check_header, run_sync
 
@@ -85,25 +86,36 @@ def _policy_settings() -> tuple[tuple[str, ...], float]:
 
 
 def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
-    """Map an HTTP answer to a result or a classified error (SPEC §5's table, in one place)."""
+    """Map an HTTP answer to a result or a classified error."""
     if 200 <= status < 300:
         return SendResult(provider_message_id=_message_id(body))
-    reason = f"webhook answered HTTP {status}"
-    # 429 and 503 refuse the request before processing it: nothing went out (failover may follow).
+    raise status_error(status, headers.get("retry-after"), f"webhook answered HTTP {status}")
+
+
+def status_error(status: int, retry_after: str | None, reason: str) -> ProviderError:
+    """The error an HTTP answer other than 2xx stands for: SPEC §5's table, for every HTTP provider.
+
+    ``retry_after`` is the answer's ``Retry-After`` header, honoured for 429 and 503. Ambiguity: 429
+    and 503 refuse a request before processing it, so nothing went out and a fallback may be tried.
+    Every other answer is ambiguous, the 4xx included: the receiver may have acted before refusing
+    (a 409 for an ``Idempotency-Key`` still in progress means the first request may be delivering).
+    A permanent failure never fails over, so nothing is lost by the safe answer there.
+    """
     if status == 429:
-        retry_after = parse_retry_after(headers.get("retry-after"))
-        # Answered before processing: nothing was delivered, another provider may be tried.
-        raise ProviderThrottled(reason, kind="throttled", retry_after=retry_after, ambiguous=False)
+        return ProviderThrottled(
+            reason, kind="throttled", retry_after=parse_retry_after(retry_after), ambiguous=False
+        )
     if status == 503:
-        retry_after = parse_retry_after(headers.get("retry-after"))
-        raise RetryableProviderError(reason, kind="http_5xx", retry_after=retry_after, ambiguous=False)
+        return RetryableProviderError(
+            reason, kind="http_5xx", retry_after=parse_retry_after(retry_after), ambiguous=False
+        )
     if status == 408:
-        raise RetryableProviderError(reason, kind="timeout")
+        return RetryableProviderError(reason, kind="timeout")
     if status >= 500:
-        raise RetryableProviderError(reason, kind="http_5xx")
+        return RetryableProviderError(reason, kind="http_5xx")
     if 400 <= status < 500:
-        raise PermanentProviderError(reason, kind="http_4xx")
-    raise PermanentProviderError(f"{reason} (redirects are not followed)", kind="http_unexpected")
+        return PermanentProviderError(reason, kind="http_4xx")
+    return PermanentProviderError(f"{reason} (redirects are not followed)", kind="http_unexpected")
 
 
 def _message_id(body: bytes) -> str | None:

@@ -11,10 +11,14 @@ import pytest
 from django.db import transaction
 
 from notifications_retry import api
+from notifications_retry.conf import get_settings
 from notifications_retry.delivery import ChannelClaim, claim_due
+from notifications_retry.delivery.handoff import lease_fresh
+from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.worker import Worker
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.providers import get_provider_class
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 
@@ -156,3 +160,11 @@ def test_send_now_refuses_to_call_a_provider_inside_a_transaction():
         api.send_now(row)
     row.refresh_from_db()
     assert (row.status, row.attempts, row.claim_token) == (Status.PENDING, 0, None)
+
+
+def test_a_send_now_lease_is_as_long_as_a_workers_claim_of_the_same_channel():
+    row = fresh(timeout_seconds=7)
+    record, channel = lease_fresh(row.pk, now=NOW)
+    provider = get_provider_class(channel.provider_key)(channel.settings())
+    worker_side = ChannelRuntime(channel, provider, get_settings(), max_concurrency=1, rate_limit=None)
+    assert record.lease_expires_at == NOW + timedelta(seconds=worker_side.lease_seconds(get_settings()))

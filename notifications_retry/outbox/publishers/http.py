@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from notifications_retry.outbox.publishers.base import Publisher, PublishError
+from notifications_retry.retry import exponential_delay
 
 #: Headers of every request: consumers partition by the key and drop duplicates by the event id.
 KEY_HEADER = "X-Event-Key"
@@ -108,7 +109,7 @@ class HttpPublisher(Publisher):
         )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        delay: float = min(self.backoff_cap, self.backoff * 2.0 ** (attempt - 1))
+        delay = exponential_delay(attempt, self.backoff, self.backoff_cap)
         if retry_after is not None:
             delay = min(self.backoff_cap, max(delay, retry_after))
         return delay
