@@ -2,6 +2,20 @@
 
 The public API is re-exported here but imported on first use: ``import notifications_retry`` (as
 Django does while reading ``INSTALLED_APPS``) must not load models before the app registry is ready.
+The public names are listed in docs/contract.md.
+
+Packages: :mod:`.models` (the tables), :mod:`.delivery` (the only writer of notification and outbox
+rows), :mod:`.engine` (``retry_worker``), :mod:`.providers`, :mod:`.outbox` (the relay and its
+publishers), :mod:`.admin`, :mod:`.observability`, :mod:`.management` (the commands), :mod:`.migrations`.
+
+Modules: :mod:`.api` (the monolith's entry points), :mod:`.housekeeping`, :mod:`.checks` (system
+checks), :mod:`.apps`, :mod:`.conf` (the ``NOTIFICATIONS_RETRY`` settings) with :mod:`.bounds` (their
+ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.outcomes` (one pure
+``decide``), :mod:`.retry` (backoff), :mod:`.events` and :mod:`.event_ids` (the outbox event),
+:mod:`.validation` (input checks), :mod:`.url_policy` (where a webhook may post), :mod:`.db_rules`
+(the triggers' SQL), :mod:`.channel_settings`, :mod:`.clock`, :mod:`.exceptions`,
+:mod:`.exception_chain`, :mod:`.signals`, :mod:`.tcp_settings`, :mod:`.version`. pyproject.toml's
+import contracts place each of them in a layer.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from django.utils import timezone
 from notifications_retry.clock import default_clock
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
+from notifications_retry.delivery.create import create_pending
 from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
 from notifications_retry.exceptions import InvalidTransition
@@ -123,20 +124,18 @@ def create_notification(
     if expires_at is not None and timezone.is_naive(expires_at):
         raise ValueError("expires_at must be an aware datetime (USE_TZ)")
     tenant_id = _tenant_uuid(tenant_id)
-    with transaction.atomic():
-        notification = NotificationEntity.objects.create(
-            id=notification_id or uuid.uuid4(),
-            channel=_channel(channel),
-            recipient=recipient,
-            payload=payload,
-            tenant_id=tenant_id,
-            notification_type=notification_type,
-            priority=priority,
-            scheduled_at=scheduled_at,
-            expires_at=expires_at,
-            correlation_id=correlation_id,
-            status=NotificationEntity.Status.PENDING,
-        )
+    notification = create_pending(
+        id=notification_id or uuid.uuid4(),
+        channel=_channel(channel),
+        recipient=recipient,
+        payload=payload,
+        tenant_id=tenant_id,
+        notification_type=notification_type,
+        priority=priority,
+        scheduled_at=scheduled_at,
+        expires_at=expires_at,
+        correlation_id=correlation_id,
+    )
     if scheduled_at is None:
         # Fresh rows are the monolith dispatcher's: hand them over only once they are visible to it.
         def announce() -> None:

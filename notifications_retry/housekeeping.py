@@ -2,7 +2,8 @@
 suppressions whose expiry has passed.
 
 Run it daily (``manage.py notifications_housekeeping``). Each step is a short transaction (or a few,
-for large deletions), so it can run next to the worker and the relay.
+for large deletions), so it can run next to the worker and the relay. The notification and outbox
+rows are written by :mod:`notifications_retry.delivery` (``triage``, ``outbox``, ``suppression``).
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ from datetime import datetime, timedelta
 import structlog
 from django.utils import timezone
 
+from notifications_retry.delivery.outbox import prune_published_outbox
 from notifications_retry.delivery.suppression import prune_expired
 from notifications_retry.delivery.triage import expire_dead_letters
 
 from .conf import get_settings
-from .models import BacklogSample, Outbox
+from .models import BacklogSample
 
 log = structlog.get_logger("notifications_retry.housekeeping")
-
-#: Rows deleted per statement: keeps each transaction short on a large outbox.
-DELETE_CHUNK = 5000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,24 +32,6 @@ class HousekeepingReport:
     pruned_outbox: int
     pruned_backlog_samples: int
     pruned_suppressions: int = 0
-
-
-def prune_published_outbox(*, older_than: datetime, chunk: int = DELETE_CHUNK) -> int:
-    """Delete published events published before ``older_than``; unpublished ones are never touched."""
-    total = 0
-    while True:
-        ids = list(
-            Outbox.objects.filter(published_at__isnull=False, published_at__lt=older_than)
-            .order_by("id")
-            .values_list("id", flat=True)[:chunk]
-        )
-        if not ids:
-            return total
-        # The published_at filter again: the trigger refuses unpublished rows, never rely on that alone.
-        deleted, _ = Outbox.objects.filter(pk__in=ids, published_at__isnull=False).delete()
-        total += deleted
-        if len(ids) < chunk:
-            return total
 
 
 def prune_backlog_samples(*, older_than: datetime) -> int:

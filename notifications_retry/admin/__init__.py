@@ -5,6 +5,10 @@ Nothing here writes notification rows: requeue and discard go through
 transaction. The admin adds what only it knows: who asked, the reason typed on the confirmation page (stored
 in the triage log and in an admin ``LogEntry``), permission checks that answer 403, and messages with the
 counts. Importing this package registers the model admins (Django's admin autodiscovery does).
+
+Modules: :mod:`.notifications` (the list and detail) with :mod:`.triage_actions` and :mod:`.filters`,
+:mod:`.channels`, :mod:`.outbox`, :mod:`.read_only` (the audit and heartbeats), :mod:`.dashboard`
+(queue health) with :mod:`.chart`, and :mod:`.display` (what every page shows alike).
 """
 
 from __future__ import annotations

@@ -16,20 +16,7 @@ from typing import Any
 from django.db import DatabaseError, connection, connections
 
 from notifications_retry.conf import get_settings
-
-#: libpq's TCP settings for the worker's own connections. Keepalive probes find a peer that vanished
-#: while a connection idles; the user timeout gives up on one whose data goes unacknowledged (a network
-#: partition) after 30 s, where the kernel would retransmit for about 15 minutes; a new connection gives
-#: up after 10 s instead of the kernel's two minutes of SYN retries. All are the client's: nothing
-#: reaches the server, or a pooler in between.
-TCP_SETTINGS: dict[str, int] = {
-    "connect_timeout": 10,
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
-}
+from notifications_retry.tcp_settings import TCP_SETTINGS
 
 
 def bound_connections(*aliases: str) -> None:

@@ -1,1 +1,6 @@
-"""Logs, masking, metrics, tracing and liveness: how the app is seen from outside."""
+"""How the app is seen from outside.
+
+:mod:`.logging` (structlog events) with :mod:`.masking` (addresses and bodies masked), :mod:`.metrics`
+(Prometheus), :mod:`.tracing` (OpenTelemetry spans), :mod:`.liveness` (the heartbeat check) and
+:mod:`.health` (queue counts and ages by status).
+"""

@@ -1,1 +1,1 @@
-"""The outbox's way out: the relay and its publishers."""
+"""The outbox's way out: :mod:`.relay` (claims, publishes, marks) and :mod:`.publishers` (where to)."""

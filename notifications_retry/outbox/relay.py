@@ -25,7 +25,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from types import FrameType
 from typing import Any
 
@@ -36,6 +35,7 @@ from django.db import DatabaseError, transaction
 from notifications_retry import events
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.outbox import mark_published
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.locks import dedicated_connection, direct_session_pid
 from notifications_retry.models import Outbox
@@ -191,7 +191,7 @@ class Relay:
         finally:
             try:
                 if published:
-                    self._mark(published)
+                    mark_published(published, self.clock.now())
             finally:
                 self.locks.release()
         report.published = len(published)
@@ -270,10 +270,6 @@ class Relay:
             error=str(error),
             endpoint_down=error.endpoint_down,
         )
-
-    def _mark(self, ids: list[int]) -> None:
-        now: datetime = self.clock.now()
-        Outbox.objects.filter(pk__in=ids, published_at__isnull=True).update(published_at=now)
 
     def run(self, once: bool = False) -> list[RelayReport]:
         """Loop until stopped (or, with ``once``, until nothing more can be published now)."""

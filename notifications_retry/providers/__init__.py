@@ -3,6 +3,10 @@
 Built-ins are ``in_app``, ``stub``, ``webhook`` and ``django_email``;
 ``NOTIFICATIONS_RETRY["PROVIDERS"]`` adds or replaces entries with dotted paths of :class:`Provider`
 subclasses.
+
+Modules: :mod:`.base` (the interface), :mod:`.in_app`, :mod:`.stub`, :mod:`.webhook` (with the HTTP
+status table every HTTP provider uses) over :mod:`.http_client`, and :mod:`.django_email` with
+:mod:`.email_message` (payload to message) and :mod:`.email_errors` (failures classified).
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""``retry_worker`` (:mod:`.retry_worker`), ``outbox_relay`` (:mod:`.outbox_relay`) and
+``notifications_housekeeping`` (:mod:`.notifications_housekeeping`)."""

@@ -15,7 +15,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 from django.test.utils import override_settings
 
-import notifications_retry
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
@@ -24,6 +23,7 @@ from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
 from notifications_retry.observability.liveness import check_liveness
+from notifications_retry.version import __version__
 
 log = structlog.get_logger("notifications_retry.command")
 
@@ -52,7 +52,7 @@ class Command(BaseCommand):
 
     def get_version(self) -> str:
         """The app's version (``--version``), not Django's."""
-        return notifications_retry.__version__
+        return __version__
 
     def add_arguments(self, parser: CommandParser) -> None:
         conf = get_settings()

@@ -1,5 +1,9 @@
 """Publisher registry for the outbox relay: built-ins ``log``, ``http``, ``rabbitmq`` and ``nats``, or a
-dotted path. The broker publishers import their clients (extras ``rabbitmq``, ``nats``) when built."""
+dotted path. The broker publishers import their clients (extras ``rabbitmq``, ``nats``) when built.
+
+Modules: :mod:`.base` (the interface), :mod:`.log`, :mod:`.http`, :mod:`.rabbitmq`,
+:mod:`.nats_jetstream`, and :mod:`.event_loop` (a loop on a thread for the asynchronous brokers).
+"""
 
 from __future__ import annotations
 
