@@ -5,7 +5,8 @@
 - :mod:`.finalize` applies outcomes and their outbox events under the claim token, and gives back
   leases that were never used;
 - :mod:`.handoff` records the outcome of the monolith's own first send;
-- :mod:`.cancel` and :mod:`.triage` are the operators' and the monolith's state changes;
+- :mod:`.cancel` and :mod:`.triage` are the operators' and the monolith's state changes, and
+  :mod:`.recovery` runs a recovery job's requeues in chunks;
 - :mod:`.outbox` marks events published (the relay) and prunes old published ones (housekeeping);
 - :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
 - :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows).

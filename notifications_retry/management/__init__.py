@@ -1,2 +1,3 @@
-"""The management commands, thin: :mod:`.commands` parse options and call the engine, the relay or
-housekeeping; :mod:`.option_types` checks the options' values."""
+"""The management commands, thin: :mod:`.commands` parse options and call the engine, the relay,
+housekeeping or recovery; :mod:`.option_types` checks the options' values, :mod:`.progress` draws a
+progress line."""
