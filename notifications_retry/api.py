@@ -1,5 +1,8 @@
 """The public API for the monolith: create, schedule, cancel, triage, and queue stats.
 
+Its names are public (docs/contract.md); the rows it changes are written by
+:mod:`notifications_retry.delivery`.
+
 Every function runs in the caller's transaction when there is one (``transaction.atomic`` nests as
 a savepoint), so a notification created while saving an order commits or rolls back with the order.
 Work that must only happen once the row is visible to other processes (telling the monolith's own

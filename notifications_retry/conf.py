@@ -23,7 +23,8 @@ RETRY_AFTER_MAX_SECONDS_LIMIT = bounds.RETRY_AFTER_MAX_SECONDS_LIMIT
 
 @dataclasses.dataclass(frozen=True)
 class RetrySettings:
-    """Every key of ``NOTIFICATIONS_RETRY`` with its default (see docs/settings.md)."""
+    """Every key of ``NOTIFICATIONS_RETRY`` with its default (docs/settings.md); the keys are public
+    (docs/contract.md)."""
 
     BATCH_SIZE: int = 200
     MAX_DURATION_SECONDS: float = 45.0

@@ -2,7 +2,8 @@
 
 Two shapes, both here: the ``payload`` stored in an outbox row (built once, at the outcome), and the
 ``envelope`` the relay publishes (event id, topic, key, contract version, generation, payload). The
-JSON Schema ``schemas/notification_dispatched.v1.json`` describes the envelope.
+JSON Schema ``schemas/notification_dispatched.v1.json`` describes the envelope; both are public
+(docs/contract.md).
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def decide(
 
 
 def failure_of(exc: BaseException) -> Failure:
-    """What a provider's exception says (SPEC §5): a ProviderError keeps its kind, retriability,
+    """What a provider's exception says (docs/contract.md): a ProviderError keeps its kind, retriability,
     Retry-After and ambiguity; anything else is a retriable, ambiguous ``provider_crash``."""
     if isinstance(exc, ProviderError):
         return Failure(exc.kind, str(exc), exc.retriable, exc.retry_after, ambiguous=exc.ambiguous)

@@ -1,4 +1,4 @@
-"""Prometheus metric objects (names are part of the contract). Nothing is served on import:
+"""Prometheus metric objects (their names are public: docs/contract.md). Nothing is served on import:
 ``retry_worker --metrics-port`` calls :func:`start_exporter`; a web process's django-prometheus
 ``/metrics`` serves Django's own series, not these (the web process never imports this module).
 

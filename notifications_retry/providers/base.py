@@ -1,4 +1,4 @@
-"""The provider interface: one class per delivery mechanism, one instance per channel."""
+"""The provider interface: one class per delivery mechanism, one instance per channel (docs/contract.md)."""
 
 from __future__ import annotations
 

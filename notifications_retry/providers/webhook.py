@@ -1,4 +1,4 @@
-"""Webhook provider: POST the notification as JSON, idempotent by ``Idempotency-Key`` (SPEC §5)."""
+"""Webhook provider: POST the notification as JSON, idempotent by ``Idempotency-Key`` (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> S
 
 
 def status_error(status: int, retry_after: str | None, reason: str) -> ProviderError:
-    """The error an HTTP answer other than 2xx stands for: SPEC §5's table, for every HTTP provider.
+    """What an HTTP answer other than 2xx means, for every HTTP provider (the table of docs/contract.md).
 
     ``retry_after`` is the answer's ``Retry-After`` header, honoured for 429 and 503. Ambiguity: 429
     and 503 refuse a request before processing it, so nothing went out and a fallback may be tried.

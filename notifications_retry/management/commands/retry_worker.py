@@ -1,4 +1,4 @@
-"""``manage.py retry_worker``: parse options, run the worker. No SQL, no HTTP here.
+"""``manage.py retry_worker``: parse options, run the worker. No SQL, no HTTP here. Options: docs/contract.md.
 
 ``--metrics-port`` serves Prometheus metrics from this process (never started by importing the app);
 ``--check`` is a liveness probe: exit 1 when the lane's last completed tick is too old.
