@@ -88,14 +88,7 @@ def requeue(
         # Set-based, so a recovery job's chunk of hundreds costs two statements, not two per row.
         # The audit rows go first: the database refuses a requeue without one (nr_requeue_audited).
         DeadLetterAction.objects.bulk_create(
-            DeadLetterAction(
-                notification=row,
-                action=DeadLetterAction.Action.REQUEUE,
-                actor=actor,
-                reason=reason,
-                attempts_before=row.attempts,
-                created_at=now,
-            )
+            _audit(row, DeadLetterAction.Action.REQUEUE, actor=actor, reason=reason, now=now)
             for row in chosen
         )
         NotificationEntity.objects.filter(pk__in=[row.pk for row in chosen]).update(
@@ -134,16 +127,23 @@ def discard(
 
 def discard_row(row: NotificationEntity, *, actor: str, reason: str, now: datetime) -> None:
     """Resolve one dead letter, locked by the caller's transaction, as discarded; audited."""
-    DeadLetterAction.objects.create(
+    _audit(row, DeadLetterAction.Action.DISCARD, actor=actor, reason=reason, now=now).save(force_insert=True)
+    NotificationEntity.objects.filter(pk=row.pk).update(
+        resolution=NotificationEntity.Resolution.DISCARDED, resolved_at=now, updated_at=now
+    )
+
+
+def _audit(
+    row: NotificationEntity, action: str, *, actor: str, reason: str, now: datetime
+) -> DeadLetterAction:
+    """The triage audit row of ``action`` on ``row`` (unsaved)."""
+    return DeadLetterAction(
         notification=row,
-        action=DeadLetterAction.Action.DISCARD,
+        action=action,
         actor=actor,
         reason=reason,
         attempts_before=row.attempts,
         created_at=now,
-    )
-    NotificationEntity.objects.filter(pk=row.pk).update(
-        resolution=NotificationEntity.Resolution.DISCARDED, resolved_at=now, updated_at=now
     )
 
 
