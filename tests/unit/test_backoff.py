@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from notifications_retry.retry import BackoffPolicy, next_attempt_at
+from notifications_retry.engine.failures import BACKOFF_CAP_SECONDS, BACKOFF_FIRST_SECONDS, Backoff
+from notifications_retry.retry import BackoffPolicy, exponential_delay, next_attempt_at
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -52,3 +53,19 @@ def test_retry_after_is_a_floor_not_a_ceiling():
 def test_zero_attempts_is_a_clear_error():
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         BackoffPolicy().base_delay(0)
+
+
+def test_exponential_delay_is_the_one_doubling_rule():
+    assert [exponential_delay(step, 0.1, 2.0) for step in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    assert exponential_delay(10**9, 1.0, 30.0) == 30.0  # no float overflow on a huge count
+    with pytest.raises(ValueError, match="step"):
+        exponential_delay(0, 1.0, 30.0)
+
+
+def test_every_backoff_of_the_app_follows_it():
+    loop = Backoff(interval=0.5)
+    pauses = [loop.pause(failed=True) for _ in range(8)]
+    assert pauses == [
+        max(0.5, exponential_delay(n, BACKOFF_FIRST_SECONDS, BACKOFF_CAP_SECONDS)) for n in range(1, 9)
+    ]
+    assert loop.pause(failed=False) == 0.5
