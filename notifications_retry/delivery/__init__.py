@@ -8,6 +8,7 @@
 - :mod:`.cancel` and :mod:`.triage` are the operators' and the monolith's state changes, and
   :mod:`.recovery` runs a recovery job's requeues in chunks;
 - :mod:`.outbox` marks events published (the relay) and prunes old published ones (housekeeping);
+- :mod:`.suppression` reads and writes the suppression list (the claim's one lookup per batch);
 - :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
 - :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows).
 
