@@ -39,10 +39,11 @@ from notifications_retry.observability.health import Backlog, StatusRow, backlog
 from notifications_retry.outcomes import Failure, failure_of
 from notifications_retry.providers import OutgoingMessage, Provider, SendResult, get_provider_class
 
+from . import arguments
 from .conf import get_settings
 from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
 from .outcomes import CANCELLED
-from .validation import validate_notification
+from .validation import InvalidArgumentType, InvalidNotification, check_text, validate_notification
 
 __all__ = [
     "CANCELLED",
@@ -71,26 +72,20 @@ notification_created = Signal()
 
 NotificationRef = NotificationEntity | uuid.UUID | str
 
+#: The longest error text and provider message id the API takes (the columns are text; these bound
+#: what one call can make every later read carry).
+_ERROR_TEXT = 65_536
+_MESSAGE_ID = 255
+
 
 def _channel(channel: ChannelConfig | str) -> ChannelConfig:
     if isinstance(channel, ChannelConfig):
         return channel
+    check_text("channel", channel, max_length=ChannelConfig._meta.get_field("key").max_length or 0)
     try:
         return ChannelConfig.objects.get(key=channel)
     except ChannelConfig.DoesNotExist:
         raise ChannelConfig.DoesNotExist(f"no channel with key {channel!r}") from None
-
-
-def _tenant_uuid(value: object) -> uuid.UUID | None:
-    """``tenant_id`` as a UUID: an int would be stored silently as ``00000000-…-000000000005``."""
-    if value is None or isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return uuid.UUID(value)
-        except ValueError:
-            raise ValueError(f"tenant_id must be a UUID, got {value!r}") from None
-    raise TypeError(f"tenant_id must be a UUID (or its string form), got {type(value).__name__} {value!r}")
 
 
 def create_notification(
@@ -113,6 +108,7 @@ def create_notification(
     for input the database would refuse or beyond ``MAX_PAYLOAD_BYTES`` / ``MAX_PAYLOAD_DEPTH``.
     """
     conf = get_settings()
+    channel = _channel(channel)
     payload = validate_notification(
         recipient=recipient,
         payload=payload,
@@ -122,14 +118,15 @@ def create_notification(
         max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
         max_payload_depth=conf.MAX_PAYLOAD_DEPTH,
     )
-    if scheduled_at is not None and timezone.is_naive(scheduled_at):
-        raise ValueError("scheduled_at must be an aware datetime (USE_TZ): the worker compares it in UTC")
-    if expires_at is not None and timezone.is_naive(expires_at):
-        raise ValueError("expires_at must be an aware datetime (USE_TZ)")
-    tenant_id = _tenant_uuid(tenant_id)
+    scheduled_at = arguments.optional_aware_datetime("scheduled_at", scheduled_at)
+    expires_at = arguments.optional_aware_datetime("expires_at", expires_at)
+    # An int tenant_id would be stored silently as 00000000-…-000000000005: only a UUID is taken.
+    tenant_id = arguments.optional_uuid("tenant_id", tenant_id)
+    notification_id = arguments.optional_uuid("notification_id", notification_id)
+    on_commit = arguments.optional_callable("on_commit", on_commit)
     notification = create_pending(
         id=notification_id or uuid.uuid4(),
-        channel=_channel(channel),
+        channel=channel,
         recipient=recipient,
         payload=payload,
         tenant_id=tenant_id,
@@ -154,6 +151,8 @@ def schedule_notification(
     *, channel: ChannelConfig | str, recipient: str, send_at: datetime, **fields: Any
 ) -> NotificationEntity:
     """Store a Pending notification that the retry worker sends once ``send_at`` has come."""
+    # None would store a fresh notification, the dispatcher's, instead of a scheduled one.
+    send_at = arguments.aware_datetime("send_at", send_at)
     return create_notification(channel=channel, recipient=recipient, scheduled_at=send_at, **fields)
 
 
@@ -161,8 +160,9 @@ def cancel_notification(
     notification: NotificationRef, *, actor: str, reason: str = "", now: datetime | None = None
 ) -> NotificationEntity:
     """Make a Pending notification terminal Failed (``error_kind="cancelled"``) with its Failed event."""
-    now = now or timezone.now()
-    pk = notification.pk if isinstance(notification, NotificationEntity) else notification
+    pk = _pk(notification)
+    _actor_and_reason(actor, reason)
+    now = arguments.optional_aware_datetime("now", now) or timezone.now()
     return cancel(pk, actor=actor, reason=reason, now=now)
 
 
@@ -170,14 +170,27 @@ def requeue_dead_letters(
     ids: Iterable[uuid.UUID | str], *, actor: str, reason: str = "", now: datetime | None = None
 ) -> TriageResult:
     """Give dead letters a fresh attempt budget, due now; audited (the admin's "retry now")."""
-    return requeue(ids, actor=actor, reason=reason, now=now)
+    checked = arguments.id_list("ids", ids)
+    _actor_and_reason(actor, reason)
+    return requeue(checked, actor=actor, reason=reason, now=arguments.optional_aware_datetime("now", now))
 
 
 def discard_dead_letters(
     ids: Iterable[uuid.UUID | str], *, actor: str, reason: str = "", now: datetime | None = None
 ) -> TriageResult:
     """Resolve dead letters without sending them; audited."""
-    return discard(ids, actor=actor, reason=reason, now=now)
+    checked = arguments.id_list("ids", ids)
+    _actor_and_reason(actor, reason)
+    return discard(checked, actor=actor, reason=reason, now=arguments.optional_aware_datetime("now", now))
+
+
+def _actor_and_reason(actor: object, reason: object) -> None:
+    check_text("actor", actor, max_length=_TRIAGE_TEXT, allow_empty=False)
+    check_text("reason", reason, max_length=_TRIAGE_TEXT)
+
+
+#: Longer would only bloat the audit rows; the admin's reason field takes far less.
+_TRIAGE_TEXT = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +207,7 @@ class QueueStats:
 
 def queue_stats(now: datetime | None = None) -> QueueStats:
     """Queue health now: due rows, retry backlog, dead letters, counts and max age by status."""
-    now = now or timezone.now()
+    now = arguments.optional_aware_datetime("now", now) or timezone.now()
     return QueueStats(backlog=backlog(now), by_status=status_breakdown(now))
 
 
@@ -202,21 +215,17 @@ def queue_stats(now: datetime | None = None) -> QueueStats:
 
 
 def _aware(now: datetime | None) -> datetime:
-    if now is None:
-        return default_clock(get_settings().CLOCK).now()
-    if not isinstance(now, datetime) or timezone.is_naive(now):
-        raise ValueError(f"now must be an aware datetime, got {now!r}")
-    return now
+    return arguments.optional_aware_datetime("now", now) or default_clock(get_settings().CLOCK).now()
 
 
-def _pk(notification: NotificationRef) -> uuid.UUID | str:
-    pk = notification.pk if isinstance(notification, NotificationEntity) else notification
-    try:
-        return uuid.UUID(str(pk))
-    except ValueError:
-        raise ValueError(
-            f"notification must be a NotificationEntity or its UUID, got {notification!r}"
-        ) from None
+def _pk(notification: NotificationRef) -> uuid.UUID:
+    if isinstance(notification, NotificationEntity):
+        return notification.pk
+    if isinstance(notification, uuid.UUID | str):
+        return arguments.uuid_of("notification", notification)
+    raise InvalidArgumentType(
+        "notification", f"must be a NotificationEntity or its UUID, got {type(notification).__name__}"
+    )
 
 
 def record_dispatch_sent(
@@ -227,6 +236,8 @@ def record_dispatch_sent(
     Refused (:class:`~notifications_retry.exceptions.InvalidTransition`) for an unknown id, a row that
     is not Pending any more, or one a worker is sending now.
     """
+    if provider_message_id is not None:
+        check_text("provider_message_id", provider_message_id, max_length=_MESSAGE_ID)
     outcome = record_attempt(
         _pk(notification),
         failure=None,
@@ -253,25 +264,25 @@ def record_dispatch_failure(
     is retried after the channel's backoff (never before ``retry_after`` seconds), within the attempt
     budget; a permanent one, or the last allowed attempt, is a dead letter with its Failed event.
     """
-    if not isinstance(error, str) or not error:
-        raise ValueError("error must be a non-empty string saying what failed")
-    if not isinstance(error_kind, str) or not error_kind or len(error_kind) > 64:
-        raise ValueError(f"error_kind must be a short label (1-64 characters), got {error_kind!r}")
+    pk = _pk(notification)
+    check_text("error", error, max_length=_ERROR_TEXT, allow_empty=False)
+    check_text("error_kind", error_kind, max_length=64, allow_empty=False)
+    retriable = arguments.flag("retriable", retriable)
     if retry_after is not None and (
-        isinstance(retry_after, bool)
-        or not isinstance(retry_after, int | float)
-        or not 0 <= retry_after <= 86_400 * 30
+        isinstance(retry_after, bool) or not isinstance(retry_after, int | float)
     ):
-        raise ValueError(f"retry_after must be seconds between 0 and 30 days, got {retry_after!r}")
-    failure = Failure(
-        error_kind, error, bool(retriable), float(retry_after) if retry_after is not None else None
-    )
+        raise InvalidArgumentType(
+            "retry_after", f"must be seconds (a number), got {type(retry_after).__name__}"
+        )
+    if retry_after is not None and not 0 <= retry_after <= 86_400 * 30:
+        raise InvalidNotification(
+            "retry_after", f"must be seconds between 0 and 30 days, got {retry_after!r}"
+        )
+    now = _aware(now)
+    rng = arguments.optional_rng("rng", rng)
+    failure = Failure(error_kind, error, retriable, float(retry_after) if retry_after is not None else None)
     outcome = record_attempt(
-        _pk(notification),
-        failure=failure,
-        provider_message_id=None,
-        now=_aware(now),
-        rng=rng or random.Random(),
+        pk, failure=failure, provider_message_id=None, now=now, rng=rng or random.Random()
     )
     return NotificationEntity.objects.get(pk=outcome.record.id)
 
@@ -284,10 +295,12 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
     this inside ``transaction.atomic`` is refused), and the outcome is recorded as
     :func:`record_dispatch_sent` / :func:`record_dispatch_failure` would.
     """
+    pk = _pk(notification)
+    rng = arguments.optional_rng("rng", rng)
     if connection.in_atomic_block:
         raise InvalidTransition("send_now calls a provider: it must not run inside a database transaction")
     clock = default_clock(get_settings().CLOCK)
-    record, channel = lease_fresh(_pk(notification), now=clock.now())
+    record, channel = lease_fresh(pk, now=clock.now())
     failure: Failure | None = None
     message_id: str | None = None
     provider = get_provider_class(channel.provider_key)(channel.settings())

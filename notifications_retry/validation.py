@@ -24,6 +24,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from . import bounds
 
 __all__ = [
+    "InvalidArgumentType",
     "InvalidNotification",
     "check_payload",
     "check_priority",
@@ -44,6 +45,10 @@ class InvalidNotification(ValueError):
         self.problem = problem
 
 
+class InvalidArgumentType(InvalidNotification, TypeError):
+    """An argument of the wrong type: an :class:`InvalidNotification` that is also a ``TypeError``."""
+
+
 def text_problem(value: str) -> str | None:
     """Why PostgreSQL cannot store ``value`` as text or inside jsonb, or None."""
     if "\x00" in value:
@@ -58,7 +63,7 @@ def text_problem(value: str) -> str | None:
 def check_text(field: str, value: object, *, max_length: int, allow_empty: bool = True) -> str:
     """``value`` as a storable string of at most ``max_length`` characters."""
     if not isinstance(value, str):
-        raise InvalidNotification(field, f"must be a string, got {type(value).__name__}")
+        raise InvalidArgumentType(field, f"must be a string, got {type(value).__name__}")
     if not value and not allow_empty:
         raise InvalidNotification(field, "must not be empty")
     if len(value) > max_length:
@@ -72,7 +77,9 @@ def check_text(field: str, value: object, *, max_length: int, allow_empty: bool 
 def check_priority(value: object) -> int:
     """``value`` as a priority the column can hold."""
     if not bounds.PRIORITY.contains(value):
-        raise InvalidNotification("priority", f"must be {bounds.PRIORITY.describe()}, got {value!r}")
+        raise (InvalidNotification if isinstance(value, int) else InvalidArgumentType)(
+            "priority", f"must be {bounds.PRIORITY.describe()}, got {value!r}"
+        )
     assert isinstance(value, int)
     return value
 
@@ -99,7 +106,7 @@ def check_payload(value: object, *, max_bytes: int, max_depth: int) -> dict[str,
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise InvalidNotification("payload", f"must be a JSON object (a dict), got {type(value).__name__}")
+        raise InvalidArgumentType("payload", f"must be a JSON object (a dict), got {type(value).__name__}")
     payload = dict(value)
     size = 2
     # (container, its depth, its path) — an explicit stack, so no input can exhaust Python's.

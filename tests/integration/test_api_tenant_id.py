@@ -16,10 +16,10 @@ pytestmark = pytest.mark.django_db
 @pytest.mark.parametrize(
     ("tenant_id", "error", "message"),
     [
-        (5, TypeError, "tenant_id must be a UUID (or its string form), got int 5"),
-        (True, TypeError, "tenant_id must be a UUID (or its string form), got bool True"),
-        ("acme", ValueError, "tenant_id must be a UUID, got 'acme'"),
-        ("5", ValueError, "tenant_id must be a UUID, got '5'"),
+        (5, TypeError, "tenant_id: must be a UUID (or its string form), got int 5"),
+        (True, TypeError, "tenant_id: must be a UUID (or its string form), got bool True"),
+        ("acme", ValueError, "tenant_id: must be a UUID, got 'acme'"),
+        ("5", ValueError, "tenant_id: must be a UUID, got '5'"),
     ],
 )
 def test_a_tenant_id_that_is_no_uuid_is_refused_by_name(tenant_id, error, message):
