@@ -16,9 +16,11 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) manage.py demo
 
-# The admin on the demo data: a demo superuser (a fresh password, printed) and the development server.
+# The admin on the demo data: a demo superuser (a fresh password, printed) and the development server on
+# 127.0.0.1:$(DEMO_PORT).
+DEMO_PORT ?= 8000
 demo-admin: $(VENV)/.installed
-	$(PY) manage.py demo_admin
+	$(PY) manage.py demo_admin --port $(DEMO_PORT)
 
 # Stop an embedded PostgreSQL left running in .pgdata (by a demo that was killed).
 demo-stop:

@@ -2,7 +2,9 @@
 
 Used only when ``DATABASE_URL`` is unset. Every process that opens it registers itself, and the last
 one to exit stops the server (pgserver's ``stop`` cleanup), so ``make demo`` leaves nothing running.
-A process that was killed cannot stop it: ``make demo-stop`` (``python -m
+A SIGTERM ends a process that has no handler of its own for it as Ctrl-C does (a ``KeyboardInterrupt``),
+so ``kill``, ``timeout`` or a container stop still lets it stop the server. A process that was killed
+(SIGKILL) cannot stop it: ``make demo-stop`` (``python -m
 example_project.embedded_postgres stop``) does, and ``make clean`` runs it before deleting ``.pgdata``.
 """
 
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -35,7 +39,27 @@ def _pgserver():  # type: ignore[no-untyped-def]
 def database_url(directory: Path) -> str:
     """Start (or join) the server in ``directory``; it stops when the last process using it exits."""
     server = _pgserver().get_server(directory, cleanup_mode="stop")
+    _interrupt_on_sigterm()
     return str(server.get_uri())
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, unless the process handles it itself.
+
+    By default SIGTERM ends Python without running its exit handlers, and pgserver stops the server
+    from one: ``runserver`` (``demo_admin``) stopped by SIGTERM left PostgreSQL running. Commands that
+    install their own handler later (``retry_worker``, ``outbox_relay``) replace this one and exit
+    normally, which runs the exit handlers too.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL,
+        None,
+    ):
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def running_pid(directory: Path) -> int | None:

@@ -156,7 +156,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_demo_admin_creates_a_superuser_whose_printed_credentials_open_the_admin(pgdata: Path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_demo_admin_creates_a_superuser_whose_printed_credentials_open_the_admin(
+    pgdata: Path, stop_signal: signal.Signals
+):
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "manage.py", "demo_admin", "--port", str(port)],
@@ -207,8 +210,11 @@ def test_demo_admin_creates_a_superuser_whose_printed_credentials_open_the_admin
             rows = re.findall(r'<tr[^>]*>\s*<td class="action-checkbox">', listing.text)
             assert len(rows) >= 7, listing.text[-2000:]
     finally:
-        server.send_signal(signal.SIGINT)  # Ctrl-C, as the printed hint says
+        # Ctrl-C, as the printed hint says, or SIGTERM (kill, timeout, a container stop): either stops
+        # the embedded PostgreSQL with the server.
+        server.send_signal(stop_signal)
         server.communicate(timeout=30)
+    assert server.returncode == 0
     assert_stopped(pgdata)
 
 
