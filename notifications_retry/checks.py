@@ -25,6 +25,11 @@ from .exceptions import ChannelConfigurationError
 #: transaction mode. Strong evidence, not proof, that an alias goes through a pooler.
 POOLER_PORTS = {"6432": "PgBouncer's default port", "6543": "Supavisor's transaction-pooling port"}
 
+#: Parts of host names that name a pooler: a service called ``pgbouncer``, Supabase's and Neon's
+#: ``…pooler…`` endpoints, ``supavisor``, ``pgcat``, ``odyssey``, and AWS RDS Proxy's ``….proxy-…``.
+#: Weaker evidence than a port (a name is only a name): a warning, W007.
+POOLER_HOST_MARKS = ("pgbouncer", "pooler", "supavisor", "pgcat", "odyssey", ".proxy-")
+
 
 def _settings() -> tuple[RetrySettings | None, list[CheckMessage]]:
     try:
@@ -126,6 +131,21 @@ def _lock_alias_messages(conf: RetrySettings, alias: str, db: Mapping[str, Any])
                 "PostgreSQL directly. If this port is PostgreSQL itself, silence notifications_retry.E006 "
                 "(SILENCED_SYSTEM_CHECKS): the worker still proves its lock session direct at start.",
                 id="notifications_retry.E006",
+            )
+        ]
+    host = str(db.get("HOST") or "").lower()
+    mark = next((mark for mark in POOLER_HOST_MARKS if mark in host), None)
+    if mark is not None:
+        return [
+            Warning(
+                f"NOTIFICATIONS_RETRY: the cycle's advisory lock alias {alias!r} connects to host {host!r}, "
+                f"whose name ({mark!r}) says it is a connection pooler; a session advisory lock does not "
+                "survive transaction pooling.",
+                hint="Point NOTIFICATIONS_RETRY['LOCK_DATABASE_ALIAS'] at a DATABASES entry that connects to "
+                "PostgreSQL directly. Plain check reads settings only: `manage.py check --database "
+                f"{alias}` opens the lock's connection and proves it direct or not (E004), as the worker "
+                "and the relay do at start.",
+                id="notifications_retry.W007",
             )
         ]
     return []

@@ -42,14 +42,16 @@ WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid 
 class LockNotDirect(RuntimeError):
     """The lock's connection is not one PostgreSQL session of its own (a pooler or proxy is in between).
 
-    Not retried: the configuration must change. The message names the setting to fix.
+    Not retried: the configuration must change. The message names the lock (the worker's cycle lock,
+    or the relay's key locks) and the setting to fix.
     """
 
-    def __init__(self, using: str, reason: str) -> None:
+    def __init__(self, using: str, reason: str, *, lock: str = "the cycle's advisory lock") -> None:
         self.using = using
         self.reason = reason
+        self.lock = lock
         super().__init__(
-            f"the cycle's advisory lock needs a direct PostgreSQL session, but database alias {using!r} "
+            f"{lock} must live on a direct PostgreSQL session, but database alias {using!r} "
             f"does not give one: {reason}. Set NOTIFICATIONS_RETRY['LOCK_DATABASE_ALIAS'] to a DATABASES "
             "entry that connects to PostgreSQL directly, not through PgBouncer or another pooler "
             "(see docs/operations.md, 'PgBouncer and the advisory lock')."
@@ -92,13 +94,16 @@ def dedicated_connection(
     return psycopg.connect(**params)
 
 
-def direct_session_pid(conn: psycopg.Connection[Any], using: str) -> int:
+def direct_session_pid(
+    conn: psycopg.Connection[Any], using: str, *, lock: str = "the cycle's advisory lock"
+) -> int:
     """The backend pid of ``conn``, once shown to be one PostgreSQL session of its own; else LockNotDirect.
 
     A direct session's backend pid is the one the server announced in its BackendKeyData at connect time;
     a pooler (PgBouncer, in any pool mode) announces a key of its own, so the two differ. Two consecutive
     statements must also run in that one server process. Any holder of session advisory locks (the
-    outbox relay's key locks too) can prove its connection with this before locking.
+    outbox relay's key locks too) can prove its connection with this before locking; ``lock`` names it
+    in the error.
     """
     row = conn.execute("SELECT pg_backend_pid()").fetchone()
     assert row is not None
@@ -108,10 +113,13 @@ def direct_session_pid(conn: psycopg.Connection[Any], using: str) -> int:
             using,
             f"the server process running the lock's statements (pid {pid}) is not the one the "
             f"connection was opened with (pid {announced}), as through a pooler",
+            lock=lock,
         )
     again = conn.execute("SELECT pg_backend_pid()").fetchone()
     if again is None or int(again[0]) != pid:
-        raise LockNotDirect(using, "two consecutive statements ran in different server processes (a pooler)")
+        raise LockNotDirect(
+            using, "two consecutive statements ran in different server processes (a pooler)", lock=lock
+        )
     return pid
 
 

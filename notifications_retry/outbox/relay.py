@@ -66,6 +66,10 @@ class RelayReport:
         return bool(self.blocked_keys)
 
 
+#: How :class:`~notifications_retry.locks.LockNotDirect` names the relay's locks.
+KEY_LOCKS_NAME = "the outbox relay's key locks"
+
+
 class KeyLocks:
     """Session advisory locks per outbox key, on a connection of their own.
 
@@ -84,7 +88,7 @@ class KeyLocks:
             return self._conn
         self._conn = dedicated_connection(self.using, "notifications_retry relay")
         # Key locks are session advisory locks too: refuse a pooled session as the worker's lock does.
-        direct_session_pid(self._conn, self.using)
+        direct_session_pid(self._conn, self.using, lock=KEY_LOCKS_NAME)
         return self._conn
 
     def acquire(self, keys: Sequence[str]) -> set[str]:

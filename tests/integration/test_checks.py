@@ -169,6 +169,29 @@ def test_e006_can_be_silenced_when_the_port_is_postgresql_itself(extra_alias: An
         assert [m.id for m in run_checks() if not m.is_silenced()] == []
 
 
+@pytest.mark.parametrize(
+    "host",
+    [
+        "pgbouncer",
+        "db-pgbouncer.internal",
+        "aws-0-eu-west-1.pooler.supabase.com",
+        "app.proxy-c1x2.eu-west-1.rds.amazonaws.com",
+    ],
+)
+def test_w007_lock_alias_on_a_host_named_as_a_pooler(extra_alias: Any, host: str) -> None:
+    extra_alias("named_bouncer", HOST=host)
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "named_bouncer"}):
+        assert ids() == ["notifications_retry.W007"]
+        (found,) = messages_with("notifications_retry.W007")
+    assert host.lower() in found and "'named_bouncer'" in found
+
+
+def test_w007_not_for_a_host_named_otherwise(extra_alias: Any) -> None:
+    extra_alias("direct", HOST="db-primary.internal")
+    with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "direct"}):
+        assert ids() == []
+
+
 def test_e005_lock_alias_missing() -> None:
     with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "nowhere"}):
         found = messages_with("notifications_retry.E005")

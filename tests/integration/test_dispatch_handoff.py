@@ -102,7 +102,7 @@ def test_bad_input_is_refused_and_changes_nothing():
         api.record_dispatch_sent(row, now=datetime(2026, 1, 1, 12, 0))  # naive
     with pytest.raises(ValueError, match="UUID"):
         api.record_dispatch_sent("not-a-uuid", now=NOW)
-    with pytest.raises(ValueError, match="^error: must not be empty"):
+    with pytest.raises(ValueError, match=r"^error: must not be empty"):
         api.record_dispatch_failure(row, error="", now=NOW)
     with pytest.raises(ValueError, match="retry_after"):
         api.record_dispatch_failure(row, error="x", retry_after=-1, now=NOW)

@@ -401,3 +401,13 @@ def test_command_refuses_an_unusable_publisher():
     with pytest.raises(CommandError, match="'url' must be an http") as info:
         call_command("outbox_relay", "--once", "--publisher", "http")
     assert info.value.returncode == 2
+
+
+def test_the_help_lists_every_built_in_publisher() -> None:
+    from notifications_retry.management.commands.outbox_relay import Command
+    from notifications_retry.outbox.publishers import BUILTIN_PUBLISHERS
+
+    text = " ".join(Command().create_parser("manage.py", "outbox_relay").format_help().split())
+    assert set(BUILTIN_PUBLISHERS) == {"log", "http", "rabbitmq", "nats"}
+    for name in BUILTIN_PUBLISHERS:
+        assert f"'{name}'" in text, text

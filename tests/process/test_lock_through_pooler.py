@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import psycopg
@@ -9,12 +12,14 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from notifications_retry import api
 from notifications_retry.locks import LOCK_APPLICATION_NAME
-from notifications_retry.models import NotificationEntity
+from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory
 from tests.process.conftest import StartWorker, seed_due
 from tests.process.helpers import lock_holders
 from tests.support.pgbouncer import PgBouncer, pgbouncer_binary
+from tests.support.processes import worker_env
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -61,3 +66,33 @@ def test_a_worker_whose_lock_goes_through_pgbouncer_exits_naming_the_setting(
             "SELECT current_setting('idle_session_timeout'), current_setting('application_name')"
         ).fetchone()
     assert row is not None and row[0] == "0" and row[1] != LOCK_APPLICATION_NAME
+
+
+def test_a_relay_whose_key_locks_go_through_pgbouncer_exits_2_with_one_line(bouncer: PgBouncer) -> None:
+    # One event to publish: the relay claims it, then must lock its key on the lock alias.
+    ChannelFactory(key="in_app")
+    note = api.create_notification(channel="in_app", recipient="user-1", payload={})
+    api.record_dispatch_sent(note)
+    env = worker_env(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+        connection.settings_dict["NAME"],
+        {"LOCK_DATABASE_ALIAS": "lock"},
+        {
+            "DJANGO_SETTINGS_MODULE": "tests.support.lock_alias_settings",
+            "NR_TEST_LOCK_DATABASE_URL": bouncer.url(connection.settings_dict["NAME"]),
+        },
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "outbox_relay", "--publisher", "log"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # The worker's words for the same mistake: exit 2 and one line naming the relay's own locks and the
+    # setting, no traceback (exit 1 is "publishing failed").
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("CommandError: LockNotDirect: the outbox relay's key locks must live on"), line
+    assert "database alias 'lock'" in line and "NOTIFICATIONS_RETRY['LOCK_DATABASE_ALIAS']" in line, line
+    assert Outbox.objects.filter(published_at__isnull=True).count() == 1

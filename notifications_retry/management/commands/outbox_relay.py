@@ -9,7 +9,9 @@ from django.db import DEFAULT_DB_ALIAS
 
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_connections
+from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
+from notifications_retry.outbox.publishers import BUILTIN_PUBLISHERS
 from notifications_retry.outbox.relay import run_relay
 
 
@@ -42,7 +44,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--publisher",
             default=None,
-            help=f"'log', 'http' or a dotted path to a Publisher class (default {conf.OUTBOX_PUBLISHER!r}).",
+            help=f"{', '.join(repr(name) for name in BUILTIN_PUBLISHERS)} or a dotted path to a Publisher "
+            f"class (default {conf.OUTBOX_PUBLISHER!r}).",
         )
         parser.add_argument(
             "--url", default=None, help="Endpoint of the http publisher (overrides OUTBOX_PUBLISHER_OPTIONS)."
@@ -59,6 +62,8 @@ class Command(BaseCommand):
                 batch_size=options["batch_size"],
                 interval=options["interval"],
             )
+        except LockNotDirect as exc:  # a configuration to fix, as the worker says it: one line, exit 2
+            raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         published = sum(r.published for r in reports)
