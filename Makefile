@@ -97,6 +97,13 @@ lint: $(VENV)/.installed
 type: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
+# The wheel a project installs until the package is published (README, "Install the package"): pip only,
+# no venv of this checkout's needed.
+PYTHON ?= python3
+.PHONY: dist
+dist:
+	rm -rf dist && $(PYTHON) -m pip wheel -q --no-deps --wheel-dir dist .
+
 # Build the wheel and sdist into dist/ and prove a clean venv installs the wheel and runs the example.
 package: $(VENV)/.installed
 	bash scripts/ensure-postgres

@@ -2,9 +2,13 @@
 
 Every fenced block of "Install into an existing project" and "Configuration" carries a
 ``<!-- snippet: TARGET -->`` tag saying where it goes; this test puts each one there, in order:
-``settings.py`` / ``urls.py`` are appended to the project's files, ``shell`` lines run in bash in the
-project directory, ``manage.py shell`` blocks run through ``manage.py shell -c``. Only ``pip`` is not
-run (the package under test is this checkout, put on ``PYTHONPATH``). Run it alone with ``-m readme``.
+``pip`` lines run in bash in the project directory of a fresh virtualenv, next to a copy of this
+checkout named as the README's clone (``../notifications-retry``): the README's ``make -C … dist`` builds
+the wheel there and its ``pip install --find-links`` line installs it, with its dependencies from the
+package index, so a line that does not install fails here. Every later command runs in that virtualenv,
+which imports the app from the installed wheel, never from this checkout. ``settings.py`` /
+``urls.py`` are appended to the project's files, ``shell`` lines run in bash in the project directory,
+``manage.py shell`` blocks run through ``manage.py shell -c``. Run it alone with ``-m readme``.
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tests.support.checkout import copy_checkout, fresh_venv
 from tests.support.databases import ScratchDatabase, scratch_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +37,7 @@ TAGGED_BLOCK = re.compile(
 )
 TARGETS = {"pip", "settings.py", "urls.py", "shell", "manage.py shell"}
 
-pytestmark = [pytest.mark.readme, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.readme, pytest.mark.timeout(900)]
 
 
 def section(heading: str) -> str:
@@ -62,24 +66,43 @@ def test_every_block_of_the_install_and_configuration_sections_is_tagged_and_run
     assert {target for target, _ in snippets()} <= TARGETS
     (pip,) = [code for target, code in snippets() if target == "pip"]
     name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
-    assert pip.split() == ["pip", "install", name, '"psycopg[binary]"']
+    build, install = command_lines(pip)
+    assert build == "make -C ../notifications-retry dist"
+    assert install.split() == [
+        "pip",
+        "install",
+        "--find-links",
+        "../notifications-retry/dist",
+        f'"{name}[anymail]"',
+        '"psycopg[binary]"',
+    ]
+    # The command once published: the same line without --find-links.
+    published = re.search(r"Once it is published[^:]*:\s+`([^`]+)`", section(SECTIONS[0]))
+    assert published is not None
+    assert published[1] == install.replace(" --find-links ../notifications-retry/dist", "")
     settings = "".join(code for target, code in snippets() if target == "settings.py")
     assert '"ENGINE": "django.db.backends.postgresql"' in settings
 
 
-class Project:
-    """A fresh startproject whose processes import this checkout and use a scratch database."""
+def command_lines(code: str) -> list[str]:
+    """The commands of a shell block, without comments and blank lines."""
+    return [line for line in (raw.split("#")[0].strip() for raw in code.splitlines()) if line]
 
-    def __init__(self, directory: Path, database: ScratchDatabase) -> None:
+
+class Project:
+    """A project directory whose commands run in a fresh virtualenv and use a scratch database."""
+
+    def __init__(self, directory: Path, venv_bin: Path, database: ScratchDatabase) -> None:
         self.dir = directory
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("DJANGO_", "NR_", "POSTGRES_")) and k != "DATABASE_URL"
+            if not k.startswith(("DJANGO_", "NR_", "POSTGRES_"))
+            and k not in ("DATABASE_URL", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
         }
         env.update(
-            PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-            PYTHONPATH=str(ROOT),
+            PATH=os.pathsep.join([str(venv_bin), env.get("PATH", "")]),
+            VIRTUAL_ENV=str(venv_bin.parent),
             PYTHONUNBUFFERED="1",
             POSTGRES_DB=database.name,
             POSTGRES_USER=database.user,
@@ -90,7 +113,7 @@ class Project:
         self.env = env
         self.outputs: list[str] = []
 
-    def run(self, command: str, timeout: float = 120) -> str:
+    def run(self, command: str, timeout: float = 300) -> str:
         result = subprocess.run(
             ["bash", "-c", command],
             cwd=self.dir,
@@ -135,20 +158,28 @@ class Project:
 
 
 def test_the_install_section_pastes_into_a_new_project(tmp_path: Path):
+    copy_checkout(tmp_path / "notifications-retry")  # the README's clone, next to the project
+    venv_bin = fresh_venv(tmp_path / "venv")
     with scratch_database("nr_readme") as database:
-        project = Project(tmp_path / "myproject", database)
+        project = Project(tmp_path / "myproject", venv_bin, database)
         project.dir.mkdir()
-        project.run(f"{sys.executable} -m django startproject myproject .")
         for target, code in snippets():
             if target == "pip":
-                continue
-            if target in ("settings.py", "urls.py"):
+                for line in command_lines(code):
+                    project.run(line, timeout=600)
+                # Installed from the wheel into the virtualenv, extras and all: Django comes from there.
+                where = project.run(
+                    "python -c 'import anymail, notifications_retry; print(notifications_retry.__file__)'"
+                )
+                assert str(venv_bin.parent / "lib") in where and str(ROOT) not in where, where
+                project.run("python -m django startproject myproject .")
+            elif target in ("settings.py", "urls.py"):
                 with (project.dir / "myproject" / target).open("a") as file:
                     file.write("\n\n" + code)
             elif target == "manage.py shell":
                 project.python(code)
             else:
-                for line in filter(None, (raw.split("#")[0].strip() for raw in code.splitlines())):
+                for line in command_lines(code):
                     if line.endswith("retry_worker"):
                         project.loop_until_a_tick_completes(line)
                     else:
