@@ -30,9 +30,8 @@ def test_each_package_is_announced_with_its_reason_before_apt_get_runs(path: Pat
     packages = installed_packages(script)
     assert packages, path.name
     for package in packages:
-        announced = re.search(
-            rf'echo "{path.name}: installing (\$package|{re.escape(package)}) with apt-get[^"]*: [^"]+', before
-        )
+        named = rf"(\$package|{re.escape(package)})"
+        announced = re.search(rf'echo "{path.name}: installing {named} with apt-get[^"]*: [^"]+', before)
         assert announced, f"{path.name} installs {package} without saying so first"
 
 
