@@ -1,6 +1,7 @@
 """Prometheus metric objects (their names are public: docs/contract.md). Nothing is served on import:
-``retry_worker --metrics-port`` calls :func:`start_exporter`; a web process's django-prometheus
-``/metrics`` serves Django's own series, not these (the web process never imports this module).
+``retry_worker --metrics-port`` calls :func:`start_exporter`. A web process never imports this module:
+its django-prometheus ``/metrics`` carries the queue-health gauges through
+:mod:`notifications_retry.observability.queue_health`, read from the database at the scrape.
 
 Labels are low-cardinality only (channel, outcome, error_kind, lane): never a notification or tenant id.
 A labelled series exists only once created; :func:`precreate_series` creates the known ones at zero

@@ -209,9 +209,13 @@ def test_the_install_section_pastes_into_a_new_project(tmp_path: Path):
         ]
         metrics = project.python(
             "from django.test import Client; r = Client(HTTP_HOST='localhost').get('/metrics'); "
-            "print(r.status_code, r['Content-Type'].split(';')[0])"
+            "print(r.status_code, r['Content-Type'].split(';')[0]); print(r.content.decode())"
         )
-        assert metrics.strip().splitlines()[-1] == "200 text/plain"
+        assert "200 text/plain" in metrics.splitlines()
+        # The queue-health gauges, read at the scrape: the one Failed row waits for its retry.
+        assert "notifications_failed_backlog_gauge 1.0" in metrics.splitlines(), metrics
+        assert "notifications_retry_queue_health_up 1.0" in metrics.splitlines(), metrics
+        assert "django_http_requests_before_middlewares_total 1.0" in metrics.splitlines()  # the middleware
         admin = project.python(
             "from django.contrib.auth.models import User; print(User.objects.count())"
         )  # the full migrate created the auth tables the admin needs
