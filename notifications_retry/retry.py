@@ -12,6 +12,9 @@ import random
 from datetime import datetime, timedelta
 
 FIXED = "fixed"
+#: The shortest wait after an answer with Retry-After (a "Retry-After: 0" still waits this long): a
+#: retry is never immediate (the design note's retry-cascade incident).
+MIN_RETRY_AFTER_SECONDS = 1.0
 #: The longest wait before a next attempt, whatever the backoff or a provider's Retry-After says.
 MAX_DELAY_SECONDS = 366 * 86_400
 EXPONENTIAL = "exponential"
@@ -56,10 +59,18 @@ def next_attempt_at(
     policy: BackoffPolicy,
     retry_after: float | None = None,
 ) -> datetime:
-    """When the next attempt is due; never earlier than the provider's ``Retry-After``."""
-    delay = policy.delay(attempts, rng)
+    """When the next attempt is due: after the provider's ``Retry-After`` when it gave one, else the backoff.
+
+    The provider's Retry-After (a 429, a 503) says when it will take the request: that time replaces the
+    backoff's guess, spread upward by up to ``jitter_ratio`` (never before it, so a burst throttled
+    together does not return together) and never under ``MIN_RETRY_AFTER_SECONDS``. docs/guarantees.md
+    argues the choice, and what it costs the attempt budget.
+    """
     if retry_after is not None:
-        delay = max(delay, retry_after)
+        floor = max(MIN_RETRY_AFTER_SECONDS, retry_after)
+        delay = floor * (1 + rng.uniform(0, policy.jitter_ratio))
+    else:
+        delay = policy.delay(attempts, rng)
     # Whatever a provider asked for, the next attempt stays within a year: a datetime cannot hold
     # an absurd Retry-After, and an outcome must always be computable.
     return now + timedelta(seconds=min(delay, MAX_DELAY_SECONDS))

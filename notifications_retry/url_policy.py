@@ -6,7 +6,9 @@ Rules (docs/providers.md has the table):
   ``options["secret"]`` or ``options["headers"]``, which the admin keeps write-only);
 * when ``WEBHOOK_ALLOWED_HOSTS`` is set, the host must match one entry: an exact name
   (``hooks.example.com``), a suffix (``.example.com``: the domain and its subdomains), an IP
-  address or a network in CIDR notation (``10.1.0.0/16``);
+  address or a network in CIDR notation (``10.1.0.0/16``) — or the entry ``"*"`` (:data:`ANY_PUBLIC`)
+  admits every public host as an empty allowlist does, so ``["*", "127.0.0.1"]`` adds a local receiver
+  to the public ones instead of replacing them;
 * an internal address — every range :mod:`ipaddress` knows as not globally reachable (private,
   loopback, link-local, shared ``100.64.0.0/10``, reserved, multicast, unspecified, site-local,
   documentation and benchmarking ranges), and an IPv6 address embedding an internal IPv4 one
@@ -37,6 +39,7 @@ from urllib.parse import urlsplit
 from .conf import get_settings
 
 __all__ = [
+    "ANY_PUBLIC",
     "address_problem",
     "host_is_allowlisted",
     "internal_reason",
@@ -152,6 +155,11 @@ def internal_reason(address: IPAddress) -> str | None:
     return None
 
 
+#: The allowlist entry that keeps every public host allowed (what an empty allowlist allows): an
+#: allowlist is otherwise exclusive, and allowing 127.0.0.1 alone refuses every public webhook.
+ANY_PUBLIC = "*"
+
+
 def _entries(allowed: Iterable[str]) -> tuple[str, ...]:
     return tuple(e for e in (normalize_host(str(raw)) for raw in allowed) if e)
 
@@ -248,8 +256,11 @@ def _static_problems(url: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
         problems.append("the webhook URL must not carry credentials; use the channel's secret or headers")
     if host_is_allowlisted(host, allowed):
         return tuple(problems)
-    if allowed:
-        problems.append(f"host {host!r} is not in WEBHOOK_ALLOWED_HOSTS")
+    if allowed and ANY_PUBLIC not in _entries(allowed):
+        problems.append(
+            f"host {host!r} is not in WEBHOOK_ALLOWED_HOSTS (a non-empty allowlist admits only what it "
+            f"lists; add {ANY_PUBLIC!r} to it to admit every public host as well)"
+        )
     address = literal_address(host)
     if address is not None:
         reason = internal_reason(address)

@@ -274,3 +274,17 @@ def test_check_command_fails_on_errors() -> None:
         pytest.raises(SystemCheckError, match="E001"),
     ):
         call_command("check")
+
+
+@pytest.mark.django_db
+def test_w002_an_allowlist_that_excludes_an_existing_channel_s_host() -> None:
+    # Allowing a local receiver alone silently refused the public webhook the channel already used.
+    ChannelFactory(
+        key="partner_hook", provider_key="webhook", options={"url": "https://hooks.example.com/notify"}
+    )
+    ChannelFactory(key="local_hook", provider_key="webhook", options={"url": "http://127.0.0.1:8001/hooks"})
+    with override_settings(NOTIFICATIONS_RETRY={"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}):
+        (found,) = messages_with("notifications_retry.W002")
+    assert "'partner_hook'" in found and "not in WEBHOOK_ALLOWED_HOSTS" in found and "add '*'" in found
+    with override_settings(NOTIFICATIONS_RETRY={"WEBHOOK_ALLOWED_HOSTS": ["*", "127.0.0.1"]}):
+        assert messages_with("notifications_retry.W002") == []

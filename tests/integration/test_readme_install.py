@@ -27,6 +27,7 @@ import pytest
 
 from tests.support.checkout import copy_checkout, fresh_venv
 from tests.support.databases import ScratchDatabase, scratch_database
+from tests.support.http_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -223,6 +224,24 @@ def test_the_install_section_pastes_into_a_new_project(tmp_path: Path):
         checked = project.run("python manage.py check --fail-level WARNING")
         assert "no issues" in checked
         conf = project.python(
-            "from notifications_retry.conf import get_settings; print(get_settings().ATTEMPTS_BY_TYPE)"
+            "from notifications_retry.conf import get_settings; s = get_settings(); "
+            "print(s.ATTEMPTS_BY_TYPE, s.WEBHOOK_ALLOWED_HOSTS)"
         )
-        assert "'marketing': 3" in conf
+        # The Configuration section extended the settings of the steps before it.
+        assert "'marketing': 3" in conf and "('*', '127.0.0.1')" in conf, conf
+
+        # The local webhook recipe: its channel posts to a receiver on 127.0.0.1, the public one stays
+        # allowed (check above: no W002).
+        url = re.search(r'"url": "(http://127\.0\.0\.1:(\d+)(/[^"]*))"', README)
+        assert url is not None
+        receiver = ScriptedServer(port=int(url[2])).start()
+        try:
+            sent = project.python(
+                "from notifications_retry import api; "
+                "n = api.create_notification(channel='local_hook', recipient='me', payload={'hi': 1}); "
+                "print(api.send_now(n).status)"
+            )
+        finally:
+            receiver.stop()
+        assert sent.strip().splitlines()[-1] == "sent", sent
+        assert [request.path for request in receiver.requests] == [url[3]]

@@ -249,7 +249,7 @@ def test_per_type_attempt_budget(clock, settings):
     assert transactional.dead_lettered_at is None and transactional.attempts == 7
 
 
-def test_fixed_backoff_and_retry_after_floor(clock):
+def test_retry_after_over_a_fixed_backoff(clock):
     channel = ChannelFactory(
         key="email",
         provider_key="stub",
@@ -261,9 +261,22 @@ def test_fixed_backoff_and_retry_after_floor(clock):
     record = failed_due(clock, channel)
     make_worker(clock).tick()
     record.refresh_from_db()
-    # The stub throttles with Retry-After 60 s, above the fixed 10 s backoff.
-    assert (record.next_attempt_at - clock.now()).total_seconds() == pytest.approx(60, abs=0.01)
+    # The stub throttles with Retry-After 60 s: that, not the fixed 10 s backoff (spread up to 10 % later).
+    assert 60 <= (record.next_attempt_at - clock.now()).total_seconds() <= 66
     assert record.error_kind == "throttled"
+
+
+def test_a_503_with_a_short_retry_after_is_tried_again_then_not_after_the_backoff(clock, webhook_server):
+    from tests.support.http_server import Reply
+
+    webhook_server.responder = lambda r: Reply(503, headers={"Retry-After": "5"})
+    channel = ChannelFactory(key="webhook", provider_key="webhook", options={"url": webhook_server.url})
+    record = failed_due(clock, channel)  # the default backoff: 60 s, then 120 s…
+    make_worker(clock).tick()
+    record.refresh_from_db()
+    assert len(webhook_server.requests) == 1
+    assert record.error_kind == "http_5xx" and record.attempts == 2
+    assert 5 <= (record.next_attempt_at - clock.now()).total_seconds() <= 5.5
 
 
 def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_server):

@@ -54,7 +54,7 @@ class _QuietServer(ThreadingHTTPServer):
 class ScriptedServer:
     """Serve ``responder(request)`` for every request; keeps the requests in ``requests``."""
 
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(self, responder: Responder | None = None, port: int = 0) -> None:
         self.responder: Responder = responder or (lambda request: Reply(200, {"id": "msg-1"}))
         self.requests: list[RecordedRequest] = []
         self.lock = threading.Lock()
@@ -101,7 +101,7 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -44,10 +44,25 @@ def test_same_seed_same_schedule():
     assert a == b
 
 
-def test_retry_after_is_a_floor_not_a_ceiling():
+def test_retry_after_replaces_the_backoff_longer_or_shorter():
     policy = BackoffPolicy("fixed", 10, 3600, jitter_ratio=0)
     assert next_attempt_at(1, NOW, random.Random(), policy, retry_after=120) == NOW + timedelta(seconds=120)
-    assert next_attempt_at(1, NOW, random.Random(), policy, retry_after=1) == NOW + timedelta(seconds=10)
+    assert next_attempt_at(1, NOW, random.Random(), policy, retry_after=2) == NOW + timedelta(seconds=2)
+
+
+def test_retry_after_zero_still_waits_a_second():
+    policy = BackoffPolicy(jitter_ratio=0)
+    assert next_attempt_at(3, NOW, random.Random(), policy, retry_after=0) == NOW + timedelta(seconds=1)
+
+
+def test_retry_after_is_spread_upward_only():
+    policy = BackoffPolicy(jitter_ratio=0.1)
+    waits = {
+        (next_attempt_at(1, NOW, random.Random(seed), policy, retry_after=5) - NOW).total_seconds()
+        for seed in range(200)
+    }
+    assert min(waits) >= 5 and max(waits) <= 5.5
+    assert len(waits) > 100  # spread, so a burst throttled together does not come back together
 
 
 def test_zero_attempts_is_a_clear_error():

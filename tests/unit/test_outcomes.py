@@ -50,11 +50,15 @@ def test_the_last_allowed_attempt_is_terminal_even_when_temporary():
     assert run(Failure("timeout", "", True), attempts=2, budget=3).result == RETRY
 
 
-def test_retry_after_is_a_floor_never_a_ceiling():
+def test_retry_after_replaces_the_backoff():
     later = run(Failure("throttled", "", True, retry_after=600), attempts=1)
     assert later.next_attempt_at == NOW + timedelta(seconds=600)
-    shorter = run(Failure("throttled", "", True, retry_after=5), attempts=1)
-    assert shorter.next_attempt_at == NOW + timedelta(seconds=60)
+    # A 503 with Retry-After: 5 is tried again after 5 s, not after the 60 s backoff.
+    shorter = run(Failure("http_5xx", "", True, retry_after=5), attempts=1)
+    assert shorter.next_attempt_at == NOW + timedelta(seconds=5)
+    # Without Retry-After, the backoff.
+    backoff = run(Failure("http_5xx", "", True), attempts=1)
+    assert backoff.next_attempt_at == NOW + timedelta(seconds=60)
 
 
 def test_exponential_backoff_grows_with_the_attempt_number_up_to_the_cap():

@@ -262,3 +262,20 @@ def test_a_slow_resolver_says_nothing_after_the_timeout() -> None:
 
 def test_unhashable_allowlist_entries_do_not_break_the_check() -> None:
     assert webhook_url_problems("http://10.0.0.1/", allowed_hosts=[["10.0.0.1"]]) != []  # type: ignore[list-item]
+
+
+def test_an_allowlist_is_exclusive_and_says_how_to_keep_public_hosts() -> None:
+    (problem,) = webhook_url_problems("https://hooks.example.com/notify", allowed_hosts=["127.0.0.1"])
+    assert "'hooks.example.com' is not in WEBHOOK_ALLOWED_HOSTS" in problem and "add '*'" in problem
+
+
+def test_the_any_public_entry_adds_internal_receivers_to_the_public_hosts() -> None:
+    allowed = ["*", "127.0.0.1"]
+    assert webhook_url_problems("https://hooks.example.com/notify", allowed_hosts=allowed) == []
+    assert webhook_url_problems("http://127.0.0.1:8001/hooks", allowed_hosts=allowed) == []
+    # Still nothing internal beyond what is listed: "*" means public hosts, not every host.
+    assert webhook_url_problems("http://10.0.0.5/hook", allowed_hosts=allowed) != []
+    assert webhook_url_problems("http://127.0.0.2/hook", allowed_hosts=allowed) != []
+    assert webhook_url_problems("http://intranet/hook", allowed_hosts=allowed) != []
+    assert address_problem("10.0.0.5", "hooks.example.com", allowed_hosts=allowed) is not None
+    assert address_problem("93.184.216.34", "hooks.example.com", allowed_hosts=allowed) is None
