@@ -39,7 +39,7 @@ from notifications_retry.observability.health import Backlog, StatusRow, backlog
 from notifications_retry.outcomes import Failure, failure_of
 from notifications_retry.providers import OutgoingMessage, Provider, SendResult, get_provider_class
 
-from . import arguments
+from . import arguments, bounds
 from .conf import get_settings
 from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
 from .outcomes import CANCELLED
@@ -351,6 +351,16 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 # -- the suppression list ----------------------------------------------------------------------------
 
 
+def _suppression_args(recipient: object, channel: object, reason: object = "manual") -> None:
+    """The suppression functions' arguments, by type, before any query (as the other functions')."""
+    check_text("recipient", recipient, max_length=bounds.RECIPIENT_MAX_LENGTH)  # empty: suppression says
+    check_text("channel", channel, max_length=_CHANNEL_KEY, allow_empty=False)
+    check_text("reason", reason, max_length=_CHANNEL_KEY, allow_empty=False)
+
+
+_CHANNEL_KEY = 64
+
+
 def _suppression_channel(channel: str) -> str:
     if channel == ALL_CHANNELS:
         return channel
@@ -367,6 +377,7 @@ def suppress(recipient: str, *, channel: str = ALL_CHANNELS, reason: str = "manu
     Notifications already waiting are stopped too: the worker checks the list when it claims them.
     An address already suppressed is extended (its count and last report), never duplicated.
     """
+    _suppression_args(recipient, channel, reason)
     return suppression.add(
         recipient, channel=_suppression_channel(channel), reason=reason, actor="api", now=_aware(None)
     )
@@ -377,9 +388,11 @@ def unsuppress(recipient: str, *, channel: str = ALL_CHANNELS) -> int:
 
     Audited as the ``api``'s; returns how many entries were removed.
     """
+    _suppression_args(recipient, channel)
     return suppression.remove(recipient, channel=_suppression_channel(channel), actor="api", now=_aware(None))
 
 
 def is_suppressed(recipient: str, *, channel: str) -> bool:
     """Whether a notification to ``recipient`` on ``channel`` would be stopped now (own entry or ``*``)."""
+    _suppression_args(recipient, channel)
     return suppression.active(recipient, channel=channel, now=_aware(None)) is not None

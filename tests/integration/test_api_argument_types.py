@@ -72,6 +72,13 @@ WRONG: dict[tuple[str, str], list[st.SearchStrategy[Any]]] = {
     ("failure", "rng"): [STRINGS, NAIVE, BYTES],
     ("send_now", "notification"): [STRINGS, NAIVE, BYTES, NONE],
     ("send_now", "rng"): [STRINGS, NAIVE, BYTES],
+    ("suppress", "recipient"): [NAIVE, BYTES, NONE],
+    ("suppress", "channel"): [NAIVE, BYTES, NONE],
+    ("suppress", "reason"): [NAIVE, BYTES, NONE],
+    ("unsuppress", "recipient"): [NAIVE, BYTES, NONE],
+    ("unsuppress", "channel"): [NAIVE, BYTES, NONE],
+    ("is_suppressed", "recipient"): [NAIVE, BYTES, NONE],
+    ("is_suppressed", "channel"): [NAIVE, BYTES, NONE],
 }
 
 Call = Callable[..., Any]
@@ -116,6 +123,12 @@ def valid_arguments(function: str, row: NotificationEntity) -> tuple[Call, dict[
             },
         ),
         "send_now": (api.send_now, {"notification": row, "rng": random.Random(1)}),
+        "suppress": (
+            api.suppress,
+            {"recipient": "user-9@example.com", "channel": "in_app", "reason": "manual"},
+        ),
+        "unsuppress": (api.unsuppress, {"recipient": "user-9@example.com", "channel": "in_app"}),
+        "is_suppressed": (api.is_suppressed, {"recipient": "user-9@example.com", "channel": "in_app"}),
     }
     return calls[function]
 
