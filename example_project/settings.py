@@ -6,6 +6,7 @@ package) is started in ``./.pgdata`` so a newcomer needs no server to try the ap
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,19 @@ def _database() -> dict[str, Any]:
 
 
 DATABASES = {"default": _database()}
+# A direct connection for the advisory locks when "default" goes through a pooler (docs/operations.md,
+# PgBouncer): NOTIFICATIONS_RETRY_LOCK_DATABASE_URL names it, and the locks use it.
+_LOCK_DATABASE_URL = os.environ.get("NOTIFICATIONS_RETRY_LOCK_DATABASE_URL")
+if _LOCK_DATABASE_URL:
+    import dj_database_url
+
+    DATABASES["lock"] = dict(dj_database_url.parse(_LOCK_DATABASE_URL))
+
+# Django's mail backend, which the django_email provider uses when a channel names none: e.g.
+# DJANGO_EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend with DJANGO_EMAIL_HOST/_PORT.
+EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("DJANGO_EMAIL_PORT", "25"))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -91,7 +105,15 @@ NOTIFICATIONS_RETRY: dict[str, Any] = {
         for host in os.environ.get("NOTIFICATIONS_RETRY_WEBHOOK_ALLOWED_HOSTS", "").split(",")
         if host.strip()
     ],
+    # The outbox relay's publisher (log, http, rabbitmq, nats or a dotted path) and its options as a
+    # JSON object, e.g. '{"url": "amqp://guest:guest@127.0.0.1:5672/", "exchange": "events"}'.
+    "OUTBOX_PUBLISHER": os.environ.get("NOTIFICATIONS_RETRY_OUTBOX_PUBLISHER", "log"),
+    "OUTBOX_PUBLISHER_OPTIONS": json.loads(
+        os.environ.get("NOTIFICATIONS_RETRY_OUTBOX_PUBLISHER_OPTIONS") or "{}"
+    ),
 }
+if _LOCK_DATABASE_URL:
+    NOTIFICATIONS_RETRY["LOCK_DATABASE_ALIAS"] = "lock"
 
 # Logging: the library only emits events; the project decides how they look. JSON lines in
 # production (for the log pipeline), coloured key=value lines in development.

@@ -1,0 +1,150 @@
+"""The example project is pointed at a broker, a direct lock database and an SMTP server by environment
+variables alone (README, "The example project's environment"), each tried against the real thing.
+
+Every case runs the example project's own command in a subprocess (``example_project.settings``) on
+this test's database, with nothing but the documented variables set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from notifications_retry import api
+from notifications_retry.models import NotificationEntity, Outbox
+from tests.factories import ChannelFactory
+from tests.support.brokers import NatsBox, RabbitMQBox
+from tests.support.pgbouncer import PgBouncer, pgbouncer_binary
+from tests.support.smtp_server import ScriptedSMTPServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+
+
+def database_url(host: str | None = None, port: int | None = None) -> str:
+    db = connection.settings_dict
+    auth = (db["USER"] or "postgres") + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{host or db['HOST'] or '127.0.0.1'}:{port or db['PORT'] or 5432}/{db['NAME']}"
+
+
+def example(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``manage.py ARGS`` of the example project with only the given variables of its own."""
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "NR_", "NOTIFICATIONS_RETRY_"))
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={
+            **base,
+            "DJANGO_SETTINGS_MODULE": "example_project.settings",
+            "DATABASE_URL": database_url(),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def one_sent_event() -> str:
+    ChannelFactory(key="in_app")
+    note = api.create_notification(channel="in_app", recipient="user-1", payload={"title": "Hi"})
+    api.record_dispatch_sent(note)
+    (event,) = Outbox.objects.all()
+    return str(event.event_id)
+
+
+def test_the_relay_publishes_to_rabbitmq_from_the_environment(rabbitmq: RabbitMQBox) -> None:
+    event_id = one_sent_event()
+    result = example(
+        "outbox_relay",
+        "--once",
+        env={
+            "NOTIFICATIONS_RETRY_OUTBOX_PUBLISHER": "rabbitmq",
+            "NOTIFICATIONS_RETRY_OUTBOX_PUBLISHER_OPTIONS": json.dumps(rabbitmq.options()),
+        },
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (message,) = rabbitmq.drain()
+    assert message["body"]["event_id"] == event_id
+    assert Outbox.objects.filter(published_at__isnull=True).count() == 0
+
+
+def test_the_relay_publishes_to_nats_jetstream_from_the_environment(jetstream: NatsBox) -> None:
+    event_id = one_sent_event()
+    result = example(
+        "outbox_relay",
+        "--once",
+        env={
+            "NOTIFICATIONS_RETRY_OUTBOX_PUBLISHER": "nats",
+            "NOTIFICATIONS_RETRY_OUTBOX_PUBLISHER_OPTIONS": json.dumps(jetstream.options()),
+        },
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (message,) = jetstream.messages()
+    assert message["body"]["event_id"] == event_id
+
+
+@pytest.fixture
+def bouncer() -> Iterator[PgBouncer]:
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer cannot be installed here (bash scripts/ensure-pgbouncer, run by make test)")
+    db = settings.DATABASES["default"]
+    server = PgBouncer(
+        db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432), ignore_startup_parameters="options"
+    ).start()
+    yield server
+    server.stop()
+
+
+def test_the_lock_database_comes_from_the_environment(bouncer: PgBouncer) -> None:
+    ChannelFactory(key="in_app")
+    # A direct URL: the worker takes its lock there and ticks.
+    direct = example("retry_worker", "--once", env={"NOTIFICATIONS_RETRY_LOCK_DATABASE_URL": database_url()})
+    assert direct.returncode == 0, direct.stdout + direct.stderr
+    # The same variable pointed through PgBouncer: the worker names the alias the variable made.
+    pooled = example(
+        "retry_worker",
+        "--once",
+        env={"NOTIFICATIONS_RETRY_LOCK_DATABASE_URL": bouncer.url(connection.settings_dict["NAME"])},
+    )
+    assert pooled.returncode == 2, pooled.stdout + pooled.stderr
+    assert "LockNotDirect" in pooled.stderr and "database alias 'lock'" in pooled.stderr
+
+
+def test_the_email_backend_comes_from_the_environment() -> None:
+    smtp = ScriptedSMTPServer().start()
+    try:
+        # A django_email channel without a backend of its own uses the project's EMAIL_BACKEND.
+        ChannelFactory(key="email", provider_key="django_email", options={"from_email": "shop@example.com"})
+        api.schedule_notification(
+            channel="email",
+            recipient="ann@example.com",
+            payload={"subject": "Shipped", "body": "Your order shipped."},
+            send_at=timezone.now(),
+        )
+        result = example(
+            "retry_worker",
+            "--once",
+            env={
+                "DJANGO_EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+                "DJANGO_EMAIL_HOST": "127.0.0.1",
+                "DJANGO_EMAIL_PORT": str(smtp.port),
+            },
+        )
+    finally:
+        smtp.stop()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [m["To"] for m in smtp.messages] == ["ann@example.com"], result.stdout + result.stderr
+    assert NotificationEntity.objects.get().status == NotificationEntity.Status.SENT
