@@ -99,6 +99,15 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.add_error("options", problem)
         return data
 
+    def _post_clean(self) -> None:
+        # The model's clean() checks the options the instance holds. Once the posted options were
+        # refused (bad JSON, a malformed URL), the instance still holds the stored ones (none, on a new
+        # channel), and their problems ("webhook channel needs options['url']") are not what was posted.
+        refused = self.errors["options"].copy() if "options" in self.errors else None
+        super()._post_clean()  # type: ignore[misc]  # ModelForm's hook, absent from django-stubs
+        if refused is not None:
+            self.errors["options"] = refused
+
 
 @admin.register(ChannelConfig)
 class ChannelConfigAdmin(ChannelAdminBase):

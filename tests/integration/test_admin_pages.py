@@ -254,3 +254,26 @@ def test_backlog_chart_buckets_and_scales() -> None:
     assert xs == sorted(xs) and chart.left <= xs[0] and xs[-1] <= chart.left + chart.plot_width
     assert [t["label"] for t in chart.x_ticks] == ["-24h", "-18h", "-12h", "-6h", "now"]
     assert format_age(59) == "59s" and format_age(3700) == "1h 1m" and format_age(90000) == "1d 1h"
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ('{"url": "htp:/broken"}', "the webhook URL must use http or https, not 'htp'"),
+        ('{"url": https://hooks.example.com}', "Enter a valid JSON."),
+        ('{"url": 5}', "the webhook URL is empty"),
+    ],
+)
+def test_a_malformed_url_on_a_new_channel_gives_its_own_errors_only(
+    admin_client: Client, options: str, error: str
+) -> None:
+    new = ChannelConfig(key="hook", provider_key="webhook", max_concurrency=4)
+    response = admin_client.post(
+        reverse("admin:notifications_retry_channelconfig_add"), channel_form(new, options=options)
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["options"]
+    assert error in errors
+    # Not the stored options' problem (a new channel has none): that error was false.
+    assert "webhook channel needs options['url']" not in errors, errors
+    assert not ChannelConfig.objects.filter(key="hook").exists()
