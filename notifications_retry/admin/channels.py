@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 from notifications_retry.models import ChannelConfig
 from notifications_retry.url_policy import resolved_beforehand, webhook_url_problems
 
+from . import display
 from .display import format_age, fragment
 
 if TYPE_CHECKING:
@@ -119,7 +120,10 @@ class ChannelConfigAdmin(ChannelAdminBase):
     list_editable = ("is_enabled",)
     list_filter = ("is_enabled", "provider_key", "retry_backoff")
     search_fields = ("key", "provider_key")
-    readonly_fields = ("problems_display", "created_at", "updated_at")
+    readonly_fields = ("problems_display", "created_at_display", "updated_at_display")
+    # The admin's one timestamp format, with its zone (not Django's DATETIME_FORMAT).
+    created_at_display = display.timestamp_display("created_at", "created at")
+    updated_at_display = display.timestamp_display("updated_at", "updated at")
     actions = ("enable_channels", "disable_channels")
     fieldsets = (
         (None, {"fields": ("key", "is_enabled", "provider_key", "problems_display")}),
@@ -130,7 +134,7 @@ class ChannelConfigAdmin(ChannelAdminBase):
         ("Limits", {"fields": ("timeout_seconds", "rate_limit_per_second", "max_concurrency")}),
         ("Provider", {"fields": ("options", "secret", "clear_secret")}),
         ("Failover", {"fields": ("fallback",)}),
-        ("Dates", {"fields": ("created_at", "updated_at")}),
+        ("Dates", {"fields": ("created_at_display", "updated_at_display")}),
     )
 
     class Media:

@@ -53,6 +53,8 @@ class Chart:
     peak: int
     start: datetime
     end: datetime
+    #: When the newest sample was taken: the legend's figures are that sample's, not the cards' "now".
+    latest_at: datetime | None = None
 
 
 def axis_start(samples: Sequence[BacklogSample], range_start: datetime, end: datetime) -> datetime:
@@ -106,6 +108,7 @@ def backlog_chart(
     span = max((end - start).total_seconds(), 1.0)
     points: list[BacklogSample] = [s for s in samples if start <= s.taken_at <= end]
     count = len(points)
+    last = points[-1] if points else None  # before bucketing: a bucket keeps its peak, not its last
     if len(points) > max_points:
         size = -(-len(points) // max_points)
         buckets = [points[i : i + size] for i in range(0, len(points), size)]
@@ -125,7 +128,7 @@ def backlog_chart(
     series = []
     for name, label, css in CHART_SERIES:
         coords = " ".join(f"{x(s.taken_at)},{y(getattr(s, name))}" for s in points)
-        latest = getattr(points[-1], name) if points else 0
+        latest = getattr(last, name) if last is not None else 0
         series.append({"name": name, "label": label, "css": css, "points": coords, "latest": latest})
     intervals = 4 if scale_max == 4 else 5  # 10, 20, 50, 100… split into round steps
     y_ticks = [
@@ -135,7 +138,22 @@ def backlog_chart(
     x_ticks = [
         {"x": x(end - back), "label": ago_label(back.total_seconds())} for back in time_ticks(start, end)
     ]
-    return Chart(width, height, left, top, plot_w, plot_h, series, y_ticks, x_ticks, count, peak, start, end)
+    return Chart(
+        width,
+        height,
+        left,
+        top,
+        plot_w,
+        plot_h,
+        series,
+        y_ticks,
+        x_ticks,
+        count,
+        peak,
+        start,
+        end,
+        latest_at=last.taken_at if last is not None else None,
+    )
 
 
 def _nice_ceiling(value: float) -> float:

@@ -108,6 +108,7 @@ def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[s
                 "list_url": _changelist(channel__id__exact=channel.pk),
             }
         )
+    chart = backlog_chart(samples, axis_start(samples, now - span, now), now)
     return {
         "now": now,
         "totals": totals,
@@ -123,7 +124,8 @@ def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[s
         },
         "terminal": terminal,
         "terminal_total": sum(item["count"] for item in terminal),
-        "chart": backlog_chart(samples, axis_start(samples, now - span, now), now),
+        "chart": chart,
+        "chart_latest_age": format_age((now - chart.latest_at).total_seconds()) if chart.latest_at else "",
         "chart_range": chart_range,
         "chart_range_words": range_words,
         "chart_ranges": [{"key": key, "url": f"?{urlencode({'range': key})}"} for key in RANGES],

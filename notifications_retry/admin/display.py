@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.utils import dateformat, timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from notifications_retry.models import NotificationEntity
@@ -16,6 +18,38 @@ FRAGMENTS = "notifications_retry/admin/fragments/"
 def fragment(name: str, **context: Any) -> SafeString:
     """Render ``fragments/<name>.html``; the template autoescapes every value, so its output is safe."""
     return mark_safe(render_to_string(f"{FRAGMENTS}{name}.html", context))
+
+
+#: The one format of every time the admin shows, with its time zone: 2026-12-04 09:00:00 UTC (the
+#: templates' ``|date`` filters use the same string).
+TIMESTAMP_FORMAT = "Y-m-d H:i:s e"
+
+
+def timestamp(value: datetime | str | None) -> str:
+    """``value`` (a datetime, or the ISO string an attempt log holds) in :data:`TIMESTAMP_FORMAT`."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    else:
+        moment = value
+    if timezone.is_aware(moment):
+        moment = timezone.localtime(moment)
+    return dateformat.format(moment, TIMESTAMP_FORMAT)
+
+
+def timestamp_display(field: str, description: str) -> Any:
+    """A read-only admin column showing the datetime ``field`` in :data:`TIMESTAMP_FORMAT`."""
+
+    def show(admin: Any, obj: Any) -> str:
+        return timestamp(getattr(obj, field))
+
+    show.short_description = description  # type: ignore[attr-defined]
+    show.admin_order_field = field  # type: ignore[attr-defined]
+    return show
 
 
 def format_age(seconds: float) -> str:

@@ -81,26 +81,26 @@ class NotificationEntityAdmin(TriageActions):
         "notification_type",
         "priority",
         "correlation_id",
-        "created_at",
-        "updated_at",
+        "created_at_display",
+        "updated_at_display",
     )
     delivery_fields = (
         "attempts",
         "requeue_count",
-        "next_attempt_at",
-        "scheduled_at",
-        "expires_at",
-        "due_at",
+        "next_attempt_at_display",
+        "scheduled_at_display",
+        "expires_at_display",
+        "due_at_display",
         "claim_display",
         "provider_message_id",
     )
     failure_fields = (
         "error_kind",
         "last_error_display",
-        "dead_lettered_at",
+        "dead_lettered_at_display",
         "dead_letter_reason_display",
         "resolution",
-        "resolved_at",
+        "resolved_at_display",
     )
     readonly_fields = (
         *summary_fields,
@@ -116,6 +116,17 @@ class NotificationEntityAdmin(TriageActions):
 
     class Media:
         css = {"all": ("notifications_retry/admin.css",)}
+
+    # Every time on the detail page in one format, with its time zone (Django's readonly datetimes
+    # would use DATETIME_FORMAT, the attempt history ISO strings, the logs a third format).
+    created_at_display = display.timestamp_display("created_at", "created at")
+    updated_at_display = display.timestamp_display("updated_at", "updated at")
+    next_attempt_at_display = display.timestamp_display("next_attempt_at", "next attempt at")
+    scheduled_at_display = display.timestamp_display("scheduled_at", "scheduled at")
+    expires_at_display = display.timestamp_display("expires_at", "expires at")
+    due_at_display = display.timestamp_display("due_at", "due at")
+    dead_lettered_at_display = display.timestamp_display("dead_lettered_at", "dead-lettered at")
+    resolved_at_display = display.timestamp_display("resolved_at", "resolved at")
 
     # -- permissions: nothing is editable; triage has its own permissions ---------------------------------
 
@@ -190,10 +201,18 @@ class NotificationEntityAdmin(TriageActions):
 
     @admin.display(description="attempt history")
     def attempt_history(self, obj: NotificationEntity) -> SafeString | str:
-        entries = [e for e in (obj.attempt_log or []) if isinstance(e, dict)]
-        if not entries:
+        entries = [
+            {**e, "at": display.timestamp(e.get("at"))}
+            for e in (obj.attempt_log or [])
+            if isinstance(e, dict)
+        ]
+        # The attempt count and the history must agree: attempts of this generation that left no entry
+        # (rows written by hand, a crash mid-send) are said, not silently missing.
+        logged = sum(1 for e in entries if e.get("generation", 0) == obj.requeue_count)
+        unlogged = max(0, obj.attempts - logged)
+        if not entries and not unlogged:
             return "No attempts recorded."
-        return display.fragment("attempt_history", entries=entries)
+        return display.fragment("attempt_history", entries=entries, unlogged=unlogged, attempts=obj.attempts)
 
     @admin.display(description="triage log")
     def triage_log(self, obj: NotificationEntity) -> SafeString | str:

@@ -59,7 +59,13 @@ def screenshot_dir(tmp_path: Path) -> Path:
     Every run takes the screenshots; only a deliberate update (or a first run) rewrites the committed ones,
     so a test run does not leave modified images in the working tree.
     """
-    names = ("admin-dashboard.png", "admin-list.png", "admin-detail.png", "admin-channels.png")
+    names = (
+        "admin-dashboard.png",
+        "admin-list.png",
+        "admin-detail.png",
+        "admin-channels.png",
+        "admin-channel-form.png",
+    )
     if os.environ.get("NR_UPDATE_SCREENSHOTS") == "1" or not all((DOCS_IMG / n).exists() for n in names):
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         return DOCS_IMG

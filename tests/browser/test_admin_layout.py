@@ -120,3 +120,27 @@ def test_dashboard_chart_range_selector(live_server: Any, page: Any) -> None:
     # the chart is inside the page: no sideways scroll at 1,440 px
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= SCREEN["width"]
+
+
+def test_a_channel_form_with_a_malformed_url_shows_its_one_error(
+    live_server: Any, page: Any, screenshot_dir: Path
+) -> None:
+    seed()
+    login(page, live_server.url)
+    page.goto(f"{live_server.url}{CHANNELS}add/")
+    page.fill("#id_key", "partner_hook_2")
+    if page.locator("select#id_provider_key").count():
+        page.select_option("#id_provider_key", "webhook")
+    else:
+        page.fill("#id_provider_key", "webhook")
+    page.fill("#id_options", '{"url": "htp:/hooks.example.com/notify"}')
+    page.click("input[name=_save]")
+    page.wait_for_selector("ul.errorlist li")
+    errors = page.locator("ul.errorlist li").all_inner_texts()
+    assert errors == [
+        "the webhook URL must use http or https, not 'htp'",
+        "the webhook URL has no host",
+    ], errors  # the posted URL's problems only: not the false "needs options['url']"
+    m = page.evaluate("() => [document.documentElement.clientWidth, document.documentElement.scrollWidth]")
+    assert m[1] <= m[0], f"the form scrolls sideways: {m}"
+    page.screenshot(path=str(screenshot_dir / "admin-channel-form.png"), full_page=True)

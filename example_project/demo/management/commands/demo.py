@@ -191,9 +191,30 @@ def _notifications(channels: dict[str, ChannelConfig], run: str, now: datetime) 
                 correlation_id=f"{run}:{case}",
                 created_at=now - timedelta(minutes=10),
                 **fields,
+                **_earlier_attempts(fields.get("attempts", 0), channel, now),
             )
         )
     return rows
+
+
+def _earlier_attempts(attempts: int, channel: str, now: datetime) -> dict[str, Any]:
+    """The attempt log, last error and kind a Failed row with ``attempts`` behind it would hold, so the
+    admin's attempt count and its history agree (one entry per attempt, as the worker writes them)."""
+    if not attempts:
+        return {}
+    error = "stub told to fail (retriable)" if channel == "email" else "in_app store was unavailable"
+    log = [
+        {
+            "attempt": n,
+            "at": (now - timedelta(minutes=10 - 2 * n)).isoformat(),
+            "outcome": "retry",
+            "generation": 0,
+            "error_kind": "stub_retriable" if channel == "email" else "retriable",
+            "error": error,
+        }
+        for n in range(1, attempts + 1)
+    ]
+    return {"attempt_log": log, "last_error": error, "error_kind": log[-1]["error_kind"]}
 
 
 def _state(row: NotificationEntity) -> str:
