@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -168,13 +170,32 @@ def test_the_loop_backs_off_with_one_line_per_failed_tick_and_stops_cleanly():
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines: list[str] = []
+    first_tick = threading.Event()
+
+    def read(stream: Any) -> None:
+        for line in stream:
+            lines.append(line)
+            if "retry-cycle-database-error" in line:
+                first_tick.set()
+
+    readers = [
+        threading.Thread(target=read, args=(s,), daemon=True) for s in (process.stdout, process.stderr)
+    ]
+    for reader in readers:
+        reader.start()
     try:
+        # Counted from the first failed tick, not from the start: a loaded machine may take seconds to
+        # import Django, and a SIGTERM before the handlers are installed would kill the process.
+        assert first_tick.wait(60), "".join(lines)
         time.sleep(4.5)  # ticks at 0, 1 and 3 s (back-off 1 s, 2 s, 4 s) instead of 45 at 0.1 s
     finally:
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-    output = stdout + stderr
+        process.wait(timeout=30)
+        for reader in readers:
+            reader.join(timeout=10)
+    output = "".join(lines)
+    assert process.returncode == 0, output
     assert 2 <= output.count("retry-cycle-database-error") <= 4, output
     assert output.count("retry-cycle-database-error") == output.count("is unreachable")
     assert "Traceback" not in output and "lock held" not in output
