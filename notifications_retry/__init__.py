@@ -12,7 +12,8 @@ Modules: :mod:`.api` (the monolith's entry points), :mod:`.housekeeping`, :mod:`
 checks), :mod:`.apps`, :mod:`.conf` (the ``NOTIFICATIONS_RETRY`` settings) with :mod:`.bounds` (their
 ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.outcomes` (one pure
 ``decide``), :mod:`.retry` (backoff), :mod:`.events` and :mod:`.event_ids` (the outbox event),
-:mod:`.validation` (input checks), :mod:`.recovery_filter` (a recovery job's filter),
+:mod:`.validation` (input checks), :mod:`.arguments` (the API's other arguments, by type),
+:mod:`.recovery_filter` (a recovery job's filter),
 :mod:`.url_policy` (where a webhook may post), :mod:`.db_rules` (the triggers' SQL),
 :mod:`.channel_settings`, :mod:`.clock`, :mod:`.exceptions`, :mod:`.exception_chain`,
 :mod:`.signals`, :mod:`.tcp_settings`, :mod:`.version`, :mod:`.addresses` (recipients as the

@@ -2,5 +2,6 @@
 
 :mod:`.logging` (structlog events) with :mod:`.masking` (addresses and bodies masked), :mod:`.metrics`
 (Prometheus), :mod:`.tracing` (OpenTelemetry spans), :mod:`.liveness` (the heartbeat check) and
-:mod:`.health` (queue counts and ages by status).
+:mod:`.health` (queue counts and ages by status), read at scrape time on a web process's ``/metrics`` by
+:mod:`.queue_health`.
 """
