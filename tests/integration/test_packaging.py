@@ -196,3 +196,9 @@ def test_demo_command_against_database_url(scratch_database: str) -> None:
     assert "failed (dead letter)" in rows["failed email, last attempt"]
     fresh = rows["fresh in_app (dispatcher's)"]
     assert fresh.count("pending (fresh)") == 2 and "Sent" not in fresh
+    # The admin shows these rows: each one's attempt count and its history agree (one entry per attempt).
+    with psycopg.connect(scratch_database) as conn:
+        counts = conn.execute(
+            "SELECT attempts, jsonb_array_length(attempt_log) FROM notifications_retry_notificationentity"
+        ).fetchall()
+    assert counts and all(attempts == logged for attempts, logged in counts), counts
