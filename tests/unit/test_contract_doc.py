@@ -14,8 +14,13 @@ import notifications_retry
 from notifications_retry.conf import RetrySettings
 from notifications_retry.observability import metrics
 
-CONTRACT = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text()
-COMMANDS = ["retry_worker", "outbox_relay", "notifications_housekeeping", "notifications_recover"]
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACT = (ROOT / "docs" / "contract.md").read_text()
+COMMANDS = sorted(
+    p.stem
+    for p in (ROOT / "notifications_retry" / "management" / "commands").glob("*.py")
+    if p.stem != "__init__"
+)
 #: Options every Django command has (Django's own contract, not this app's).
 DJANGO_OPTIONS = {"--help", "--version", "--verbosity", "--settings", "--pythonpath", "--traceback"}
 DJANGO_OPTIONS |= {"--no-color", "--force-color", "--skip-checks"}
@@ -45,6 +50,7 @@ def test_every_metric_is_listed():
 def test_every_command_option_is_listed(command: str):
     parser = load_command_class("notifications_retry", command).create_parser("manage.py", command)
     options = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    assert f"`manage.py {command}`" in CONTRACT
     section = CONTRACT.split(f"`manage.py {command}`", 1)[1].split("\n- ", 1)[0]
     assert sorted(o for o in options - DJANGO_OPTIONS if f"`{o}`" not in section) == []
 
