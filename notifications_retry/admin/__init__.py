@@ -20,6 +20,7 @@ from .display import format_age
 from .notifications import NotificationEntityAdmin
 from .outbox import OutboxAdmin
 from .read_only import DeadLetterActionAdmin, WorkerHeartbeatAdmin
+from .recovery import RecoveryJobAdmin
 
 __all__ = [
     "ChannelConfigAdmin",
@@ -27,6 +28,7 @@ __all__ = [
     "DeadLetterActionAdmin",
     "NotificationEntityAdmin",
     "OutboxAdmin",
+    "RecoveryJobAdmin",
     "WorkerHeartbeatAdmin",
     "backlog_chart",
     "dashboard_context",

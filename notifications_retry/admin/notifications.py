@@ -28,6 +28,7 @@ from .filters import (
     ResolutionFilter,
     TenantFilter,
 )
+from .recovery import start_url_for_list
 from .triage_actions import TriageActions
 
 VIEW_RECIPIENT_PERM = f"{NotificationEntity._meta.app_label}.view_recipient"
@@ -296,6 +297,10 @@ class NotificationEntityAdmin(TriageActions):
         context = {
             "dashboard_url": reverse("admin:notifications_retry_notificationentity_dashboard"),
             "bulk_action_cap": get_settings().BULK_ACTION_CAP,
+            # Past the cap: the same filter as a background recovery job (admin/recovery.py).
+            "recovery_url": start_url_for_list(request.GET.dict())
+            if self.has_requeue_permission(request)
+            else "",
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)

@@ -85,7 +85,7 @@ class RecoveryJob(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"recovery #{self.pk} of {self.channel_id} ({self.state})"
+        return f"recovery job #{self.pk} ({self.state})"
 
     @property
     def is_active(self) -> bool:
