@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression crash-bench schema-costs faults soak recovery-soak clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +46,12 @@ soak: $(VENV)/.installed
 recovery-soak: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q -s tests/process/test_recovery_kill.py --soak $(PYTEST_ARGS)
+
+# A 200,000-row recovery job's rows/s, alone and beside a looping worker's drain, and the drain's rows/s
+# alone and beside it, in one run (database nr_recovery_bench of the local server).
+bench-recovery: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.recovery $(BENCH_ARGS)
 
 # Network faults between the worker and its servers (latency, loss, a 20 s partition; a 110 s partition) in
 # network namespaces the tests make on a veth pair: needs root; its own PostgreSQL cluster, so no

@@ -14,6 +14,7 @@ work. Rows that die again after the job was created are outside its filter (see 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -150,10 +151,13 @@ def run_job(
     clock: Clock | None = None,
     on_chunk: Callable[[RecoveryJob], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    pause: float = 0.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> RecoveryJob:
     """Work through a job until it is done or cancelled, or ``should_stop()`` (then it goes back to pending).
 
     ``on_chunk`` gets the job, fresh from the database, after each committed chunk (a progress display).
+    ``pause`` seconds between chunks leave the database to the worker's drain (docs/performance.md).
     An error marks the job failed with the error and is raised again; the job stays resumable.
     """
     clock = _clock(clock)
@@ -168,6 +172,8 @@ def run_job(
                 return job
             if should_stop():
                 return _pause(job_id)
+            if pause > 0:
+                sleep(pause)
     except Exception as exc:
         _mark_failed(job_id, exc, clock)
         raise
@@ -226,6 +232,7 @@ def work(
     clock: Clock | None = None,
     on_chunk: Callable[[RecoveryJob], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    pause: float = 0.0,
 ) -> list[RecoveryJob]:
     """Run every job waiting for a runner, oldest first, until none is left or ``should_stop()``."""
     clock = _clock(clock)
@@ -235,6 +242,13 @@ def work(
         if job is None:
             break
         finished.append(
-            run_job(job.pk, chunk_size=chunk_size, clock=clock, on_chunk=on_chunk, should_stop=should_stop)
+            run_job(
+                job.pk,
+                chunk_size=chunk_size,
+                clock=clock,
+                on_chunk=on_chunk,
+                should_stop=should_stop,
+                pause=pause,
+            )
         )
     return finished

@@ -203,3 +203,12 @@ def test_the_database_refuses_a_second_active_job_on_a_filter_whatever_the_code(
     RecoveryJob.objects.create(channel=hook, since=SINCE, until=UNTIL, started_by="a", state="done")
     with pytest.raises(IntegrityError), transaction.atomic():
         RecoveryJob.objects.create(channel=hook, since=SINCE, until=UNTIL, started_by="b")
+
+
+def test_a_pause_between_chunks_sleeps_after_each_chunk_that_leaves_work(hook):
+    seed_dead_letters(hook, 250, first=SINCE)
+    job = recovery.start_job(recovery_filter(channel="hook", since=SINCE, until=UNTIL), actor="ann")
+    slept: list[float] = []
+    final = recovery.run_job(job.pk, chunk_size=100, pause=0.25, sleep=slept.append)
+    assert (final.state, final.done) == ("done", 250)
+    assert slept == [0.25, 0.25, 0.25]  # after 100, 200 and 250 rows; none once the job is done

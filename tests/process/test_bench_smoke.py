@@ -119,3 +119,20 @@ def test_crash_bench_reports_lost_duplicates_and_recovery(bench_database: str) -
     outbox, sent = (int(x.replace(",", "")) for x in cells[3].split(" / "))
     assert outbox == sent >= 200, out
     assert "Targets missed:" in out
+
+
+def test_recovery_bench_reports_both_rates_alone_and_together(bench_database: str) -> None:
+    out = run_bench(
+        "bench.recovery",
+        bench_database,
+        "--rows",
+        "2000",
+        "--drain-rows",
+        "20000",
+        "--window",
+        "2",
+        timeout=280,
+    )
+    cells = table_rows(out, ["alone", "together /"])
+    assert set(cells) == {"alone", "together /"}, out
+    assert all(float(x.replace(",", "")) > 0 for x in cells["alone"][1:]), out

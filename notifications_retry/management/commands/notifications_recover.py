@@ -61,6 +61,12 @@ class Command(BaseCommand):
             help="With --work: seconds between looks for new jobs (default 5).",
         )
         parser.add_argument(
+            "--pause",
+            type=option_types.non_negative_float,
+            default=0.0,
+            help="Seconds between chunks, to leave the database to a busy worker (default 0).",
+        )
+        parser.add_argument(
             "--chunk-size",
             type=option_types.positive_int,
             default=recovery.CHUNK_SIZE,
@@ -84,7 +90,7 @@ class Command(BaseCommand):
                 job = recovery.cancel_job(options["cancel"], actor=actor)
                 self.stdout.write(f"cancelled recovery job #{job.pk} after {job.done} requeue(s)")
             elif options["resume"]:
-                self._run(options["resume"], options["chunk_size"])
+                self._run(options["resume"], options)
             elif options["work"]:
                 self._work(options)
             else:
@@ -110,9 +116,9 @@ class Command(BaseCommand):
         job = recovery.start_job(selection, actor=actor, reason=options["reason"])
         self.stdout.write(f"recovery job #{job.pk}: {job.total} matching row(s)")
         if not options["detach"]:
-            self._run(job.pk, options["chunk_size"])
+            self._run(job.pk, options)
 
-    def _run(self, job_id: int, chunk_size: int) -> None:
+    def _run(self, job_id: int, options: dict[str, Any]) -> None:
         # The raw stream: Django's wrapper would end every write with a newline, and the bar redraws in place.
         stream = cast(TextIO, getattr(self.stdout, "_out", self.stdout))
         bar = ProgressBar(stream)
@@ -127,7 +133,11 @@ class Command(BaseCommand):
 
         try:
             job = recovery.run_job(
-                job_id, chunk_size=chunk_size, on_chunk=draw, should_stop=lambda: self._stop
+                job_id,
+                chunk_size=options["chunk_size"],
+                on_chunk=draw,
+                should_stop=lambda: self._stop,
+                pause=options["pause"],
             )
         except (recovery.RecoveryStateError, RecoveryJob.DoesNotExist):
             raise
@@ -151,7 +161,7 @@ class Command(BaseCommand):
             if job is not None:
                 self.stdout.write(f"recovery job #{job.pk}: {job.total} matching row(s)")
                 try:
-                    self._run(job.pk, options["chunk_size"])
+                    self._run(job.pk, options)
                 except CommandError as exc:
                     self.stderr.write(str(exc))
                 continue
