@@ -2,16 +2,16 @@
 
 In one run, on the benchmark database (``nr_recovery_bench`` of the local server by default):
 
-1. the drain alone: a looping ``retry_worker`` sends a backlog of due rows on a no-op channel; its
-   rows/s is measured over a fixed window once it is sending;
-2. the recovery alone: ``manage.py notifications_recover`` requeues ``--rows`` dead letters of another
+1. the recovery alone: ``manage.py notifications_recover`` requeues ``--rows`` dead letters of a
    channel (disabled, so the requeued rows wait and add no sends to the drain); rows/s from the job's
    start to its end, as its row records them (the process's start-up left out);
-3. both at once, for each ``--pauses`` value (the command's ``--pause`` between chunks): the same drain,
-   and the same recovery started once the drain sends; the drain's rows/s while the job runs, and the job's.
+2. for each ``--pauses`` value (the command's ``--pause`` between chunks): a looping ``retry_worker``
+   drains a backlog of due rows on a no-op channel; its rows/s over ``--window`` seconds, then the same
+   recovery is started beside it: the drain's rows/s while the job runs, and the job's.
 
-Printed: both rates alone and together, and the drain's rate with the recovery as a share of its rate
-alone. Both sides are driven only through their management commands.
+Printed: the drain's rate with the job as a share of its rate just before (same worker, same backlog),
+and the job's rate beside the drain as a share of its rate alone. Both sides are driven only through
+their management commands.
 """
 
 from __future__ import annotations
@@ -125,33 +125,27 @@ def requeued() -> int:
         return int(row[0]) if row else 0
 
 
-def drain_alone(window: float, timeout: float) -> float:
-    """Rows/s of a looping worker over ``window`` seconds once it sends (the backlog outlasts it)."""
-    worker = LoopingWorker()
-    try:
-        if not wait_for(lambda: count_sent() > 0, timeout):
-            raise RuntimeError(f"the worker sent nothing:\n{worker.output_tail()}")
-        before, started = count_sent(), time.monotonic()
-        time.sleep(window)
-        return (count_sent() - before) / (time.monotonic() - started)
-    finally:
-        worker.stop()
-
-
 def together_run(
     args: argparse.Namespace, drain: int, outage: int, log_dir: Path, pause: float
-) -> tuple[float, float, float]:
-    """(pause, drain rows/s while the job runs, the job's rows/s) with a looping worker draining beside it."""
+) -> tuple[float, float, float, float]:
+    """(pause, the drain's rows/s just before the job, while it runs, the job's rows/s): one worker.
+
+    The drain's rate without the job is measured by the same worker over ``--window`` seconds right before
+    the job starts, so the two drain figures share the worker, the backlog and the machine's load.
+    """
     reset(drain, outage, drain_rows=args.drain_rows, dead_letters=args.rows)
     worker = LoopingWorker()
     try:
         if not wait_for(lambda: count_sent() > 0, args.timeout):
             raise RuntimeError(f"the worker sent nothing:\n{worker.output_tail()}")
+        before, started = count_sent(), time.monotonic()
+        time.sleep(args.window)
+        drain_before = (count_sent() - before) / (time.monotonic() - started)
         recovery = Recovery(args.chunk_size, log_dir, pause)
         recovery.wait_running(args.timeout)
         before, started = count_sent(), time.monotonic()
         wait_for(lambda: job_state() != "running", args.timeout)
-        drain_rate = (count_sent() - before) / (time.monotonic() - started)
+        drain_during = (count_sent() - before) / (time.monotonic() - started)
         recovery_rate = recovery.wait(args.timeout)
         if count_sent() >= args.drain_rows:
             print(
@@ -162,10 +156,11 @@ def together_run(
     if requeued() != args.rows:
         raise RuntimeError(f"the recovery requeued {requeued():,} of {args.rows:,} rows")
     print(
-        f"together, pause {pause:g} s: drain {drain_rate:,.0f} rows/s, recovery {recovery_rate:,.0f}",
+        f"pause {pause:g} s: drain {drain_before:,.0f} rows/s before the job, {drain_during:,.0f} during it; "
+        f"recovery {recovery_rate:,.0f} rows/s",
         flush=True,
     )
-    return pause, drain_rate, recovery_rate
+    return pause, drain_before, drain_during, recovery_rate
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -179,29 +174,34 @@ def _measure(args: argparse.Namespace) -> int:
     drain = channel("drain", "in_app", max_concurrency=32)
     outage = channel("outage", "in_app", is_enabled=False)
 
-    reset(drain, outage, drain_rows=args.drain_rows, dead_letters=0)
-    alone_drain = drain_alone(args.window, args.timeout)
-    print(f"drain alone: {alone_drain:,.0f} rows/s", flush=True)
-
     log_dir = Path(tempfile.mkdtemp(prefix="nr-recovery-bench-"))
     reset(drain, outage, drain_rows=0, dead_letters=args.rows)
-    alone_recovery = Recovery(args.chunk_size, log_dir, 0.0).wait(args.timeout)
-    print(f"recovery alone: {alone_recovery:,.0f} rows/s", flush=True)
+    alone = Recovery(args.chunk_size, log_dir, 0.0).wait(args.timeout)
+    print(f"recovery alone: {alone:,.0f} rows/s", flush=True)
 
-    together = [together_run(args, drain, outage, log_dir, pause) for pause in args.pauses]
-    rows = [["alone", "-", f"{alone_drain:,.0f}", f"{alone_recovery:,.0f}", "1.00", "1.00"]]
-    for pause, drain, recovered in together:
+    rows = []
+    for pause in args.pauses:
+        _, drain_before, drain_during, recovered = together_run(args, drain, outage, log_dir, pause)
         rows.append(
             [
-                "together",
                 f"{pause:g}",
-                f"{drain:,.0f}",
+                f"{drain_before:,.0f}",
+                f"{drain_during:,.0f}",
+                f"{drain_during / drain_before:.2f}" if drain_before else "-",
+                f"{alone:,.0f}",
                 f"{recovered:,.0f}",
-                f"{drain / alone_drain:.2f}" if alone_drain else "-",
-                f"{recovered / alone_recovery:.2f}" if alone_recovery else "-",
+                f"{recovered / alone:.2f}" if alone else "-",
             ]
         )
-    header = ["", "pause s", "drain rows/s", "recovery rows/s", "drain / alone", "recovery / alone"]
+    header = [
+        "pause s",
+        "drain rows/s without",
+        "with the job",
+        "with / without",
+        "recovery rows/s alone",
+        "beside the drain",
+        "beside / alone",
+    ]
     print("\n" + table(header, rows))
     return 0
 
