@@ -179,6 +179,7 @@ def test_work_runs_detached_jobs_and_takes_over_a_stale_one(hook):
         (["--resume", "999"], "no recovery job #999"),
         (["--channel", "hook", *WINDOW, "--status", "sent"], "invalid choice: 'sent'"),
         (["--resume", "0"], "must be >= 1"),
+        (["--channel", "hook", *WINDOW, "--once"], "--once goes with --work"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message_and_changes_nothing(hook, args, message):
@@ -212,3 +213,30 @@ def test_a_pause_between_chunks_sleeps_after_each_chunk_that_leaves_work(hook):
     final = recovery.run_job(job.pk, chunk_size=100, pause=0.25, sleep=slept.append)
     assert (final.state, final.done) == ("done", 250)
     assert slept == [0.25, 0.25, 0.25]  # after 100, 200 and 250 rows; none once the job is done
+
+
+def test_a_chunk_that_fails_marks_the_job_failed_with_the_error_and_resume_completes_it(hook):
+    from django.db import connection
+
+    seed_dead_letters(hook, 300, first=SINCE)
+    poisoned = NotificationEntity.objects.order_by("dead_lettered_at")[150]
+    with connection.cursor() as cursor:  # the database refuses one row's requeue, as a broken one would
+        cursor.execute(
+            "CREATE FUNCTION nr_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION 'disk full (simulated)'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER nr_test_refuse BEFORE UPDATE ON notifications_retry_notificationentity "
+            f"FOR EACH ROW WHEN (OLD.id = '{poisoned.pk}') EXECUTE FUNCTION nr_test_refuse()"
+        )
+    failed = r"(?s)recovery job #\d+ failed: .*disk full \(simulated\).*--resume"
+    with pytest.raises(CommandError, match=failed):
+        recover("--channel", "hook", *WINDOW, "--chunk-size", "100")
+    job = RecoveryJob.objects.get()
+    assert (job.state, job.done) == ("failed", 100) and "disk full (simulated)" in job.last_error
+    assert NotificationEntity.objects.filter(requeue_count=1).count() == 100  # the failed chunk left nothing
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER nr_test_refuse ON notifications_retry_notificationentity")
+    assert f"recovery job #{job.pk} done: requeued 300" in recover("--resume", str(job.pk))
+    assert NotificationEntity.objects.filter(requeue_count=1).count() == 300
+    assert DeadLetterAction.objects.count() == 300

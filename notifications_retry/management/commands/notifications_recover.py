@@ -81,6 +81,8 @@ class Command(BaseCommand):
             raise CommandError(
                 "give a filter (--channel, --since, --until) or one of --resume/--cancel/--list/--work"
             )
+        if options["once"] and not options["work"]:
+            raise CommandError("--once goes with --work (run the waiting jobs, then exit)")
         actor = options["actor"] or getpass.getuser()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
