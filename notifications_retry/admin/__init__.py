@@ -8,7 +8,8 @@ counts. Importing this package registers the model admins (Django's admin autodi
 
 Modules: :mod:`.notifications` (the list and detail) with :mod:`.triage_actions` and :mod:`.filters`,
 :mod:`.channels`, :mod:`.outbox`, :mod:`.read_only` (the audit and heartbeats), :mod:`.dashboard`
-(queue health) with :mod:`.chart`, and :mod:`.display` (what every page shows alike).
+(queue health) with :mod:`.chart`, :mod:`.recovery` (recovery jobs: started from the list's filter, their
+progress, cancel) and :mod:`.display` (what every page shows alike).
 """
 
 from __future__ import annotations

@@ -30,6 +30,14 @@ def positive_float(value: str) -> float:
     return number
 
 
+def non_negative_float(value: str) -> float:
+    """A number of seconds >= 0."""
+    number = _number(value, float, "a number of seconds")
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
 def port(value: str) -> int:
     """A TCP port, 0-65535."""
     number = int(_number(value, int, "a port number"))

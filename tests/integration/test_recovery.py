@@ -180,6 +180,7 @@ def test_work_runs_detached_jobs_and_takes_over_a_stale_one(hook):
         (["--channel", "hook", *WINDOW, "--status", "sent"], "invalid choice: 'sent'"),
         (["--resume", "0"], "must be >= 1"),
         (["--channel", "hook", *WINDOW, "--once"], "--once goes with --work"),
+        (["--channel", "hook", *WINDOW, "--pause", "-1"], "must be >= 0"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message_and_changes_nothing(hook, args, message):
