@@ -111,3 +111,30 @@ def test_a_recovery_killed_midway_loses_nothing_repeats_nothing_and_resumes(tmp_
 @pytest.mark.soak
 def test_a_200000_row_recovery_survives_a_sigkill(tmp_path):
     kill_midway_then_resume(200_000, tmp_path)
+
+
+def test_sigterm_stops_after_the_chunk_in_hand_and_a_runner_finishes_the_job(tmp_path):
+    hook = ChannelFactory(
+        key="hook", provider_key="webhook", max_attempts=5, options={"url": "http://127.0.0.1:9/"}
+    )
+    seed_dead_letters(hook, 20_000, first=SINCE, step_us=50_000)
+    log = tmp_path / "recover.log"
+    first = recover([*FILTER, "--chunk-size", "200"], log)
+    try:
+        wait_until(lambda: RecoveryJob.objects.filter(done__gte=2000).exists(), timeout=300, interval=0.02)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0, log.read_text()[-4000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+    job = RecoveryJob.objects.get()
+    done, requeued, audited = committed_state()
+    assert job.state == "pending" and 0 < done < 20_000 and done == requeued == audited
+    assert f"stopped, resume with --resume {job.pk}" in log.read_text()
+
+    runner = recover(["--work", "--once"], log)
+    assert runner.wait(300) == 0, log.read_text()[-4000:]
+    job.refresh_from_db()
+    assert (job.state, job.done) == ("done", 20_000)
+    assert NotificationEntity.objects.aggregate(most=Max("requeue_count"))["most"] == 1
