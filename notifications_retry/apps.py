@@ -19,11 +19,6 @@ class NotificationsRetryConfig(AppConfig):
 
     def channel_problems(self, provider_key: str, options: Mapping[str, Any]) -> list[str]:
         """What stops a channel with this provider and these options from sending; empty when it can work."""
-        from .exceptions import ChannelConfigurationError
-        from .providers import get_provider_class
+        from .providers import channel_problems
 
-        try:
-            provider = get_provider_class(provider_key)
-        except ChannelConfigurationError as exc:
-            return [str(exc)]
-        return provider.options_problems(options)
+        return channel_problems(provider_key, options)

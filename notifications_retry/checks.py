@@ -266,7 +266,24 @@ def check_channels(
                 id="notifications_retry.W006",
             )
         ]
-    return [message for channel in channels for message in _channel_messages(channel)]
+    return [message for channel in channels for message in _guarded_channel_messages(channel)]
+
+
+def _guarded_channel_messages(channel: Any) -> list[CheckMessage]:
+    """One channel's messages; whatever its rows make a check raise is that channel's W002, not a crash."""
+    try:
+        return _channel_messages(channel)
+    except Exception as exc:
+        return [
+            Warning(
+                f"channel {channel.key!r} cannot send: its configuration cannot be checked "
+                f"({first_line(exc)})",
+                hint="Its notifications wait untouched (counted as channel-disabled) until the channel "
+                "is fixed in the admin or disabled.",
+                obj=channel,
+                id="notifications_retry.W002",
+            )
+        ]
 
 
 def _channel_messages(channel: Any) -> list[CheckMessage]:

@@ -207,11 +207,11 @@ class ChannelSet:
             if not config.is_enabled:
                 unusable[config.pk] = (config, "disabled")
                 continue
-            problems = config.configuration_problems()
-            if problems:
+            runtime, problems = self._guarded_runtime(config)
+            if runtime is None:
                 unusable[config.pk] = (config, "misconfigured: " + "; ".join(problems))
                 continue
-            usable[config.pk] = self._runtime(config)
+            usable[config.pk] = runtime
         for pk in set(self.runtimes) - set(usable):
             self.runtimes.pop(pk).provider.close()
             self._fingerprints.pop(pk, None)
@@ -247,6 +247,18 @@ class ChannelSet:
                     fallback=target.key if target is not None else fallback_id,
                     reason=reason,
                 )
+
+    def _guarded_runtime(self, config: ChannelConfig) -> tuple[ChannelRuntime | None, list[str]]:
+        """The channel's runtime, or why it cannot send: a provider that raises on its options (its
+        checks or its constructor) makes that channel wait, never the others."""
+        try:
+            problems = config.configuration_problems()
+            if problems:
+                return None, problems
+            return self._runtime(config), []
+        except Exception as exc:
+            self._fingerprints.pop(config.pk, None)  # rebuilt from scratch once the row is fixed
+            return None, [f"its provider cannot be built: {type(exc).__name__}: {exc}"]
 
     def _runtime(self, config: ChannelConfig) -> ChannelRuntime:
         fingerprint = channel_fingerprint(config)

@@ -11,6 +11,9 @@ status table every HTTP provider uses) over :mod:`.http_client`, and :mod:`.djan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.utils.module_loading import import_string
 
 from ..conf import get_settings
@@ -34,6 +37,7 @@ __all__ = [
     "OutgoingMessage",
     "Provider",
     "SendResult",
+    "channel_problems",
     "get_provider_class",
     "registry",
 ]
@@ -62,3 +66,20 @@ def get_provider_class(key: str) -> type[Provider]:
         raise ChannelConfigurationError(
             f"unknown provider key {key!r}; known: {', '.join(sorted(providers))}"
         ) from None
+
+
+def channel_problems(provider_key: str, options: Mapping[str, Any] | Any) -> list[str]:
+    """What stops a channel with this provider and these options from sending; empty when it can work.
+
+    The guard every path goes through (system check, admin, the worker's channel load): options come
+    from a JSON column that raw SQL can fill with anything, and whatever a provider's check raises on
+    them is a problem of that one channel, never an exception that stops the caller.
+    """
+    try:
+        provider = get_provider_class(provider_key)
+    except ChannelConfigurationError as exc:
+        return [str(exc)]
+    try:
+        return list(provider.options_problems(options))
+    except Exception as exc:
+        return [f"{provider_key} options cannot be checked: {type(exc).__name__}: {exc}"]

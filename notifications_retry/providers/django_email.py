@@ -63,8 +63,14 @@ class DjangoEmailProvider(Provider):
                 problems.append(f"django_email option 'backend' must be a dotted path, got {backend!r}")
             else:
                 problems.extend(_backend_problems(backend))
-        if not isinstance(options.get("backend_options", {}), Mapping):
+        backend_options = options.get("backend_options", {})
+        if not isinstance(backend_options, Mapping):
             problems.append("django_email option 'backend_options' must be an object of keyword arguments")
+        elif "timeout" in backend_options and not _is_seconds(backend_options["timeout"]):
+            problems.append(
+                "django_email option 'backend_options.timeout' must be a number of seconds, "
+                f"got {backend_options['timeout']!r}"
+            )
         for name in ("from_email", "message_id_domain"):
             value = options.get(name)
             if value is not None and (not isinstance(value, str) or not value or "\n" in value):
@@ -117,10 +123,14 @@ class DjangoEmailProvider(Provider):
             ) from exc
 
 
+def _is_seconds(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
+
+
 def _backend_problems(path: str) -> list[str]:
     try:
         backend = import_string(path)
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:  # ValueError: an empty module name (".x")
         return [f"django_email backend {path!r} cannot be imported: {exc}"]
     if not (isinstance(backend, type) and issubclass(backend, BaseEmailBackend)):
         return [f"django_email backend {path!r} is not a Django email backend class"]

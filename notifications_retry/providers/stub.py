@@ -41,13 +41,14 @@ class StubProvider(Provider):
         if problems:
             return problems
         fail = options.get("fail")
-        if fail is not None and fail not in _FAILURES:
+        if fail is not None and (not isinstance(fail, str) or fail not in _FAILURES):
             problems.append(f"stub option 'fail' must be one of {sorted(_FAILURES)}, got {fail!r}")
         delay = options.get("delay_seconds", 0)
         if not isinstance(delay, int | float) or isinstance(delay, bool) or delay < 0:
             problems.append(f"stub option 'delay_seconds' must be a number >= 0, got {delay!r}")
-        if not isinstance(options.get("fail_recipients", []), list):
-            problems.append("stub option 'fail_recipients' must be a list")
+        recipients = options.get("fail_recipients", [])
+        if not isinstance(recipients, list) or not all(isinstance(r, str) for r in recipients):
+            problems.append("stub option 'fail_recipients' must be a list of strings")
         return problems
 
     def send(self, message: OutgoingMessage) -> SendResult:

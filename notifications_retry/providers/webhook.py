@@ -167,8 +167,12 @@ class WebhookProvider(Provider):
         url = options.get("url")
         if not url or not isinstance(url, str):
             return ["webhook channel needs options['url']"]
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(url)
+            hostname = parts.hostname
+        except ValueError as exc:  # an unclosed IPv6 bracket, a bad port
+            return [f"webhook url cannot be parsed ({exc}), got {url!r}"]
+        if parts.scheme not in ("http", "https") or not hostname:
             problems.append(f"webhook url must be an http(s) URL with a host, got {url!r}")
         elif any(ord(c) <= 32 or ord(c) == 127 for c in url):
             problems.append(f"webhook url must not contain spaces or control characters, got {url!r}")
