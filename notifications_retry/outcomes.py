@@ -13,9 +13,10 @@ import dataclasses
 import random
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from notifications_retry import bounds
 from notifications_retry.exceptions import ProviderError
 from notifications_retry.retry import BackoffPolicy, next_attempt_at
 
@@ -25,6 +26,7 @@ TERMINAL = "terminal"
 
 #: Error kinds the app assigns itself (providers add their own).
 EXHAUSTED = "attempts_exhausted"
+ATTEMPTS_INVALID = "attempts_invalid"
 EXPIRED = "expired"
 UNDECODABLE = "undecodable_payload"
 CANCELLED = "cancelled"
@@ -36,6 +38,13 @@ INVALID_RECIPIENT = "invalid_recipient"
 SUPPRESSED = "suppressed"
 #: A permanent SMTP reply that names the recipient itself (5.1.1, 5.1.10, 5.2.1): it also suppresses it.
 MAILBOX_UNAVAILABLE = "mailbox_unavailable"
+
+#: No attempt count above this comes from the app: it is the largest budget a channel or a type may have,
+#: and a claim counts an attempt only below its budget (a requeue starts again from 0).
+ATTEMPTS_LIMIT = int(bounds.MAX_ATTEMPTS.high)
+#: The claim clamps deadlines Python cannot hold to this floor ('-infinity', years before 1).
+DEADLINE_FLOOR = datetime(1, 1, 2, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclasses.dataclass
@@ -160,12 +169,27 @@ def before_send(
 
     ``suppressed`` says why the recipient is on the suppression list, when it is: nothing is sent to
     it, whatever the budget. ``attempts_done`` attempts were counted already: when that is the whole
-    budget, the last one never finished (its worker stopped or crashed during it). A deadline in the
-    past means the message is no longer wanted.
+    budget, the last one never finished (its worker stopped or crashed during it); past the budget, the
+    budget was lowered since; past any budget the app allows (or negative), the count was written by
+    something else. A deadline in the past means the message is no longer wanted.
     """
     if suppressed:
         return Failure(SUPPRESSED, suppressed, retriable=False, ambiguous=False)
-    if attempts_done >= budget:
+    if not 0 <= attempts_done <= ATTEMPTS_LIMIT:
+        return Failure(
+            ATTEMPTS_INVALID,
+            f"attempt count {attempts_done} is impossible: the worker counts at most {ATTEMPTS_LIMIT} "
+            "attempts (the largest budget), so it was written outside the app; nothing was sent",
+            retriable=False,
+        )
+    if attempts_done > budget:
+        return Failure(
+            EXHAUSTED,
+            f"{attempts_done} attempts already counted, past the attempt budget of {budget} "
+            "(the budget was lowered since)",
+            retriable=False,
+        )
+    if attempts_done == budget:
         return Failure(
             EXHAUSTED,
             f"attempt budget of {budget} spent (the last attempt never finished: the worker stopped "
@@ -173,8 +197,17 @@ def before_send(
             retriable=False,
         )
     if expires_at is not None and expires_at <= now:
-        return Failure(EXPIRED, f"deadline {expires_at.isoformat()} passed before sending", retriable=False)
+        return Failure(EXPIRED, f"{deadline_words(expires_at)} passed before sending", retriable=False)
     return None
+
+
+def deadline_words(expires_at: datetime) -> str:
+    """A deadline as a triager reads it: one stored as '-infinity' or before 1970 says so."""
+    if expires_at <= DEADLINE_FLOOR:
+        return "deadline -infinity (stored as '-infinity' or a date before year 2)"
+    if expires_at < _EPOCH:
+        return f"deadline {expires_at.isoformat()} (before 1970, so it was always past)"
+    return f"deadline {expires_at.isoformat()}"
 
 
 def outcome_of(
@@ -203,6 +236,7 @@ def outcome_of(
 
 
 __all__ = [
+    "ATTEMPTS_INVALID",
     "CANCELLED",
     "EXHAUSTED",
     "EXPIRED",
@@ -218,6 +252,7 @@ __all__ = [
     "Outcome",
     "attempt_budget",
     "before_send",
+    "deadline_words",
     "decide",
     "failure_of",
     "outcome_of",

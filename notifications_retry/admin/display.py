@@ -85,6 +85,24 @@ def status_badge(obj: NotificationEntity) -> SafeString:
     return fragment("status_badge", label=label, css=css, dead_lettered_at=obj.dead_lettered_at)
 
 
+#: Characters of a payload the detail page shows at most (the API accepts 256 KiB).
+PAYLOAD_SHOWN_CHARS = 256 * 1024
+
+
+def payload_text(shown: str | None, size: int | None) -> SafeString:
+    """A payload read as text: indented when Python can decode it, else as stored, clipped, with why."""
+    if shown is None:
+        return fragment("pre", css="nr-json", text="null")
+    if size is not None and size > len(shown):
+        note = f"(first {len(shown):,} of {size:,} characters: too large to show whole)\n"
+        return fragment("pre", css="nr-json", text=note + shown)
+    try:
+        return pretty_json(json.loads(shown))
+    except (ValueError, RecursionError) as exc:
+        note = f"(shown as stored: Python cannot decode it: {type(exc).__name__})\n"
+        return fragment("pre", css="nr-json", text=note + shown[:4096])
+
+
 def pretty_json(value: Any) -> SafeString:
     """Indented JSON in a <pre>, escaped (payloads are untrusted)."""
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)

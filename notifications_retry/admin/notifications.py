@@ -7,7 +7,8 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast, Left, Length
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -198,7 +199,20 @@ class NotificationEntityAdmin(TriageActions):
 
     @admin.display(description="payload")
     def payload_display(self, obj: NotificationEntity) -> SafeString:
-        return display.pretty_json(obj.payload)
+        # Read as text, at most PAYLOAD_SHOWN_CHARS of it: a payload written past the API may be too
+        # large to show or nested too deep for Python's decoder, and the page must still open.
+        text = Cast("payload", TextField())
+        shown, size = (
+            NotificationEntity.objects.filter(pk=obj.pk)
+            .values_list(Left(text, display.PAYLOAD_SHOWN_CHARS), Length(text))
+            .get()
+        )
+        return display.payload_text(shown, size)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[NotificationEntity]:
+        # The payload is read apart (payload_display): the list never shows it, and one Python cannot
+        # decode must not break the list or the detail page.
+        return super().get_queryset(request).defer("payload")
 
     @admin.display(description="attempt history")
     def attempt_history(self, obj: NotificationEntity) -> SafeString | str:

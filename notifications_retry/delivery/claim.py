@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import structlog
 from django.db import DatabaseError, connection, transaction
 
 from notifications_retry.conf import get_settings
@@ -42,7 +42,8 @@ from notifications_retry.outcomes import (
     before_send,
 )
 
-logger = logging.getLogger(__name__)
+#: Used when the caller passes no logger of its own (the worker passes its tick's, with job_run_id and lane).
+default_log = structlog.get_logger("notifications_retry.delivery")
 
 _TABLE = NotificationEntity._meta.db_table
 
@@ -178,6 +179,7 @@ def claim_due(
     settle: Settle | None = None,
     skip: Collection[uuid.UUID] = (),
     max_payload_bytes: int | None = None,
+    log: Any = None,
 ) -> ClaimBatch:
     """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
 
@@ -188,8 +190,10 @@ def claim_due(
     lease, so a no-op drain writes each row once, not twice. If writing those outcomes fails, the
     claim is redone without ``settle``, so the usual per-record finalize isolates the bad row.
     ``skip`` lists rows set aside earlier as poison. ``max_payload_bytes`` (the worker passes its
-    settings' value) defaults to the ``MAX_PAYLOAD_BYTES`` setting.
+    settings' value) defaults to the ``MAX_PAYLOAD_BYTES`` setting. ``log`` (a structlog logger) says
+    when the claim falls back (``claim-fallback``); the worker passes its tick's.
     """
+    log = log if log is not None else default_log
     plan = [p for p in plan if p.limit > 0]
     if not plan or total <= 0:
         return ClaimBatch([], [])
@@ -213,19 +217,15 @@ def claim_due(
             if delivered:
                 # Writing the outcomes failed, not the claim: lease instead, and let the usual
                 # per-record finalize isolate the bad row.
-                logger.warning(
-                    "writing %d outcomes delivered inside their claim failed (%s); claiming with leases",
-                    delivered,
-                    first_line(exc),
-                )
+                log.warning("claim-fallback", fallback="leases", outcomes=delivered, error=first_line(exc))
             else:
-                return claim.isolate(plan, total, exc)
+                return claim.isolate(plan, total, exc, log)
     try:
         return claim.run(plan, total, None)
     except DatabaseError as exc:
         if connection_lost(exc) and not reachable():
             raise
-        return claim.isolate(plan, total, exc)
+        return claim.isolate(plan, total, exc, log)
 
 
 class _Claim:
@@ -349,15 +349,15 @@ class _Claim:
             ),
         )
 
-    def isolate(self, plan: Sequence[ChannelClaim], total: int, cause: BaseException) -> ClaimBatch:
+    def isolate(self, plan: Sequence[ChannelClaim], total: int, cause: BaseException, log: Any) -> ClaimBatch:
         """The batch failed as a whole: claim its rows one by one and set aside those that fail alone."""
-        logger.warning("claim of a batch failed (%s); claiming its rows one by one", first_line(cause))
         with connection.cursor() as cursor:
             sql, params = self.query(plan, total)
             # Ids only: reading the other columns is what may have failed.
             unlocked = sql.replace("FOR UPDATE OF t SKIP LOCKED", "")
             cursor.execute(f"SELECT id FROM ({unlocked}) AS due", params)
             candidates = [row[0] for row in cursor.fetchall()]
+        log.warning("claim-fallback", fallback="row-by-row", rows=len(candidates), error=first_line(cause))
         batch = ClaimBatch([], [])
         for nid in candidates:
             try:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from notifications_retry import events
@@ -29,7 +29,8 @@ from notifications_retry.models import (
 )
 from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 
-logger = logging.getLogger(__name__)
+#: Used when the caller passes no logger of its own (the worker passes its tick's, with job_run_id and lane).
+default_log = structlog.get_logger("notifications_retry.delivery")
 
 MAX_ERROR_CHARS = 2000
 
@@ -92,6 +93,11 @@ SET status = v.status,
                       THEN COALESCE(v.next_attempt_at, t.created_at)
                   WHEN v.status = 'pending' THEN t.scheduled_at END,
     updated_at = %(now)s,
+    -- A deadline Python cannot hold ('-infinity', 'infinity', year 12000) is stored as the bound the
+    -- claim read it as: the row can then be loaded (admin, API) and says the same thing.
+    expires_at = CASE WHEN t.expires_at < '0001-01-02 00:00+00' THEN '0001-01-02 00:00+00'::timestamptz
+                      WHEN t.expires_at > '9999-12-30 00:00+00' THEN '9999-12-30 00:00+00'::timestamptz
+                      ELSE t.expires_at END,
     attempt_log = t.attempt_log || jsonb_build_array(v.log_entry)
 FROM jsonb_to_recordset(%(rows)s::jsonb)
      AS v(id uuid, token uuid, status text, attempts int, next_attempt_at timestamptz,
@@ -190,13 +196,15 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
     return applied
 
 
-def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
+def finalize(outcomes: Iterable[Outcome], now: datetime, *, log: Any = None) -> FinalizeReport:
     """Apply outcomes under their claim tokens, in bulk; one bad record never fails the others.
 
     A failed bulk commit is redone one outcome at a time, so a row the database refuses (or whose
     write even ends the connection) is reported in ``failed`` and left leased, while the others
-    are applied. Raises :class:`CommitUnavailable` when the database cannot be reached at all.
+    are applied. Raises :class:`CommitUnavailable` when the database cannot be reached at all. ``log``
+    (a structlog logger; the worker passes its tick's) says so: ``finalize-fallback``, ``finalize-failed``.
     """
+    log = log if log is not None else default_log
     outcomes = list(outcomes)
     report = FinalizeReport()
     if not outcomes:
@@ -212,9 +220,7 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
         if connection_lost(exc) and not reachable():
             raise CommitUnavailable(repr(exc), outcomes) from exc
         # One line, no traceback: a database blip must not flood the log.
-        logger.warning(
-            "bulk finalize of %d outcomes failed (%s); finalizing one by one", len(outcomes), first_line(exc)
-        )
+        log.warning("finalize-fallback", outcomes=len(outcomes), error=first_line(exc))
     for index, outcome in enumerate(outcomes):
         try:
             with transaction.atomic():
@@ -224,11 +230,8 @@ def finalize(outcomes: Iterable[Outcome], now: datetime) -> FinalizeReport:
             if connection_lost(exc) and not reachable():
                 # What was applied one by one so far is committed; hand back only the rest.
                 raise CommitUnavailable(repr(exc), outcomes[index:], report) from exc
-            logger.error(
-                "finalize of notification %s failed (%s); its lease will expire and it will be retried",
-                outcome.record.id,
-                first_line(exc),
-            )
+            # Its lease will run out and the row will be claimed again.
+            log.error("finalize-failed", notification_id=str(outcome.record.id), error=first_line(exc))
             report.failed.append(outcome)
     return report
 

@@ -19,6 +19,7 @@ from notifications_retry.models import (
     NotificationEntity,
     NotificationQuerySet,
 )
+from notifications_retry.outcomes import deadline_words
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED = CANCELLED_ERROR_KIND
@@ -57,7 +58,7 @@ def _requeue_refusal(row: NotificationEntity, now: datetime) -> str:
     if row.error_kind == CANCELLED:
         return "cancelled by the application: requeuing would send what it withdrew"
     if row.expires_at is not None and row.expires_at <= now:
-        return f"its deadline {row.expires_at.isoformat()} has passed: it would only expire again"
+        return f"its {deadline_words(row.expires_at)} has passed: it would only expire again"
     return "not eligible for a requeue"
 
 

@@ -195,6 +195,8 @@ class ChannelSet:
         self.channels = channels
         self.runtimes: dict[int, ChannelRuntime] = {}
         self._fingerprints: dict[int, tuple[Any, ...]] = {}
+        #: The reason last logged for each unusable channel: ``channel-disabled`` is logged when it changes.
+        self._reported: dict[int, str] = {}
         self._factory = provider_factory or (lambda c: get_provider_class(c.provider_key)(c.settings()))
 
     def load(self, now: datetime, bound: Any) -> tuple[dict[int, ChannelRuntime], dict[str, int]]:
@@ -212,6 +214,8 @@ class ChannelSet:
                 unusable[config.pk] = (config, "misconfigured: " + "; ".join(problems))
                 continue
             usable[config.pk] = runtime
+        for pk in set(self._reported) - set(unusable):
+            del self._reported[pk]  # usable again (or gone): a later problem is news again
         for pk in set(self.runtimes) - set(usable):
             self.runtimes.pop(pk).provider.close()
             self._fingerprints.pop(pk, None)
@@ -299,8 +303,11 @@ class ChannelSet:
         for cid, count in counts:
             config, reason = unusable[cid]
             waiting[config.key] = count
+            # The metric counts every tick's skipped rows; the log says when a channel's state changes.
             metrics.CHANNEL_DISABLED.labels(config.key).inc(count)
-            bound.warning("channel-disabled", channel=config.key, due_waiting=count, reason=reason)
+            if self._reported.get(cid) != reason:
+                self._reported[cid] = reason
+                bound.warning("channel-disabled", channel=config.key, due_waiting=count, reason=reason)
         return waiting
 
     def close(self) -> None:

@@ -99,13 +99,13 @@ class Claims:
         if self.paired and self.ahead is None and self.claim_thread is not None:
             total = min(remaining, sum(p.limit for p in plan))
             skip = frozenset(self.poisoned)
-            future = self.claim_thread.submit(lambda: self._claim_rows(plan, total, skip))
+            future = self.claim_thread.submit(lambda: self._claim_rows(plan, total, skip, bound))
             self.ahead = AheadClaim(future, plan, total)
             remaining -= total
             if remaining <= 0:
                 return
         alone = self.ahead is None
-        batch, pending = self._claim_rows(plan, remaining, self.poisoned)
+        batch, pending = self._claim_rows(plan, remaining, self.poisoned, bound)
         self._take(batch, pending, plan, remaining, bound, alone=alone)
 
     def take_ahead(self, bound: Any, *, wait: bool) -> None:
@@ -136,6 +136,7 @@ class Claims:
         plan: list[ChannelClaim],
         total: int,
         skip: Collection[Any],
+        bound: Any,
     ) -> tuple[ClaimBatch, list[Outcome]]:
         """One claim, on whichever thread calls it: what it leased and settled, and the outcomes of the
         records its inline sends deferred (committed like any other)."""
@@ -161,6 +162,7 @@ class Claims:
             settle=settle,
             skip=skip,
             max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
+            log=bound,
         )
         return batch, pending
 

@@ -70,14 +70,14 @@ class Completer:
         on_report: Callable[[FinalizeReport], None],
         max_batch: int,
         max_delay: float = MAX_DELAY_SECONDS,
-        commit: Committer = finalize,
+        commit: Committer | None = None,
     ) -> None:
         self.clock = clock
         self.monotonic = monotonic
         self.on_report = on_report
         self.max_batch = max(1, max_batch)
         self.max_delay = max_delay
-        self._commit = commit
+        self._commit = commit if commit is not None else self._finalize
         self._pending: list[Outcome] = []
         self._first_at = 0.0
         self._retry_at = 0.0
@@ -140,6 +140,10 @@ class Completer:
             return self._commit(batch, self.clock.now())
         except CommitUnavailable as exc:
             return exc
+
+    def _finalize(self, batch: list[Outcome], now: datetime) -> FinalizeReport:
+        # The tick's logger: a finalize that falls back says so with the tick's job_run_id and lane.
+        return finalize(batch, now, log=self.bound)
 
     def settle(self, result: FinalizeReport | CommitUnavailable, bound: Any) -> None:
         """Report a commit's result; outcomes it could not write wait again, first in line, with backoff."""

@@ -89,6 +89,7 @@ OUTCOMES = ("sent", "retry", "terminal")
 #: (webhook, its HTTP transport, stub) and the exceptions' defaults. Custom providers add theirs.
 BUILTIN_ERROR_KINDS = (
     "attempts_exhausted",
+    "attempts_invalid",
     "expired",
     "undecodable_payload",
     "http_4xx",

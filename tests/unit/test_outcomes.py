@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from notifications_retry.outcomes import (
+    ATTEMPTS_INVALID,
+    DEADLINE_FLOOR,
     EXHAUSTED,
     EXPIRED,
     RETRY,
@@ -98,3 +100,54 @@ def test_before_send_stops_spent_or_expired_records(attempts_done, expires_at, k
 def test_before_send_lets_a_sendable_record_through():
     assert before_send(attempts_done=2, budget=3, expires_at=NOW + timedelta(seconds=1), now=NOW) is None
     assert before_send(attempts_done=0, budget=1, expires_at=None, now=NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("attempts_done", "text"),
+    [
+        (
+            3,
+            "attempt budget of 3 spent (the last attempt never finished: the worker stopped or crashed "
+            "during it)",
+        ),
+        (7, "7 attempts already counted, past the attempt budget of 3 (the budget was lowered since)"),
+    ],
+)
+def test_a_spent_budget_says_whether_the_last_attempt_never_finished_or_the_budget_was_lowered(
+    attempts_done, text
+):
+    failure = before_send(attempts_done=attempts_done, budget=3, expires_at=None, now=NOW)
+    assert failure is not None and (failure.kind, failure.error) == (EXHAUSTED, text)
+
+
+@pytest.mark.parametrize("attempts_done", [2147483647, 101, -1])
+def test_an_impossible_attempt_count_is_attempts_invalid_not_a_crash_story(attempts_done):
+    failure = before_send(attempts_done=attempts_done, budget=3, expires_at=None, now=NOW)
+    assert failure is not None and failure.kind == ATTEMPTS_INVALID and not failure.retriable
+    assert failure.error == (
+        f"attempt count {attempts_done} is impossible: the worker counts at most 100 attempts (the largest "
+        "budget), so it was written outside the app; nothing was sent"
+    )
+    assert "crashed" not in failure.error
+
+
+@pytest.mark.parametrize(
+    ("expires_at", "text"),
+    [
+        (
+            DEADLINE_FLOOR,
+            "deadline -infinity (stored as '-infinity' or a date before year 2) passed before sending",
+        ),
+        (
+            datetime(1969, 7, 20, 20, 17, tzinfo=UTC),
+            "deadline 1969-07-20T20:17:00+00:00 (before 1970, so it was always past) passed before sending",
+        ),
+        (
+            NOW - timedelta(seconds=1),
+            f"deadline {(NOW - timedelta(seconds=1)).isoformat()} passed before sending",
+        ),
+    ],
+)
+def test_an_infinite_or_pre_epoch_deadline_says_so_in_words(expires_at, text):
+    failure = before_send(attempts_done=1, budget=3, expires_at=expires_at, now=NOW)
+    assert failure is not None and (failure.kind, failure.error) == (EXPIRED, text)
