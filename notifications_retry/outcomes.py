@@ -29,6 +29,8 @@ EXHAUSTED = "attempts_exhausted"
 ATTEMPTS_INVALID = "attempts_invalid"
 EXPIRED = "expired"
 UNDECODABLE = "undecodable_payload"
+PAYLOAD_TOO_LARGE = "payload_too_large"
+PAYLOAD_INVALID = "payload_invalid"
 CANCELLED = "cancelled"
 PROVIDER_CRASH = "provider_crash"
 TIMEOUT = "timeout"
@@ -241,6 +243,8 @@ __all__ = [
     "EXHAUSTED",
     "EXPIRED",
     "MAILBOX_UNAVAILABLE",
+    "PAYLOAD_INVALID",
+    "PAYLOAD_TOO_LARGE",
     "RETRY",
     "SENT",
     "SUPPRESSED",

@@ -27,11 +27,17 @@ import structlog
 from django.db import DatabaseError, connection, transaction
 
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery import row_limits
+from notifications_retry.delivery.claim_statements import (
+    CLAIM_SELECT,
+    CLAIM_UPDATE,
+    ESTIMATE_13,
+    ESTIMATE_14,
+)
 from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, reachable
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.delivery.suppression import suppressed_in_batch
 from notifications_retry.exception_chain import first_line
-from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import (
     TERMINAL,
     UNDECODABLE,
@@ -44,8 +50,6 @@ from notifications_retry.outcomes import (
 
 #: Used when the caller passes no logger of its own (the worker passes its tick's, with job_run_id and lane).
 default_log = structlog.get_logger("notifications_retry.delivery")
-
-_TABLE = NotificationEntity._meta.db_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,57 +77,6 @@ class ClaimBatch:
 #: Payload bytes one claim reads at most (estimated from what the rows store): with the claim beside
 #: it and Python's copies of each payload, a worker's memory stays a small multiple of this.
 CLAIM_PAYLOAD_BYTES = 16 * 1024 * 1024
-
-# A payload's size without reading it: what the row stores, unless compressed, when it counts as the
-# largest payload accepted (a compressed value's stored size says little of its real one).
-# pg_column_compression() is PostgreSQL 14+. On 13 every payload counts as 90 times what it stores, at
-# most the largest accepted: pglz, 13's only method, cannot shrink data more than about 88 to 1.
-_ESTIMATE_14 = (
-    "CASE WHEN pg_column_compression(t.payload) IS NULL THEN pg_column_size(t.payload) "
-    "ELSE %(max_payload)s END"
-)
-_ESTIMATE_13 = "LEAST(90::bigint * pg_column_size(t.payload), %(max_payload)s)"
-
-# Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
-# that far ahead is no deadline, one that far back has passed. A row whose payload would take the
-# claim past its payload budget comes back without it, marked over: it is left due, unleased.
-_CLAIM_SELECT = f"""
-SELECT n.id, n.tenant_id, n.channel_id, n.recipient,
-       CASE WHEN sum(n.estimate) OVER w - n.estimate < %(budget)s THEN n.payload END,
-       n.notification_type, n.priority, n.status, n.attempts,
-       CASE WHEN n.expires_at IS NOT NULL THEN LEAST(GREATEST(n.expires_at,
-           '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END,
-       n.correlation_id, n.requeue_count, c.lease, n.claim_token IS NOT NULL AS recovered,
-       -- A recovered row's attempts that never finished (counted at claim, never logged): its crashes.
-       CASE WHEN n.claim_token IS NOT NULL THEN n.attempts - (
-           SELECT count(*) FROM jsonb_array_elements(n.attempt_log) e
-           WHERE (e->>'generation')::int = n.requeue_count) END AS crashes,
-       sum(n.estimate) OVER w - n.estimate >= %(budget)s AS over_budget
-FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[]) AS c(channel_id, lim, lease)
-CROSS JOIN LATERAL (
-    SELECT t.*, {{estimate}} AS estimate FROM {_TABLE} t
-    WHERE t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND t.due_at <= %(now)s
-          {{filters}}
-    ORDER BY t.due_at, t.priority
-    LIMIT c.lim
-    FOR UPDATE OF t SKIP LOCKED
-) n
-WINDOW w AS (ORDER BY n.due_at, n.priority, n.id ROWS UNBOUNDED PRECEDING)
-ORDER BY n.due_at, n.priority, n.id
-LIMIT %(total)s
-"""
-
-# Ids and lease lengths travel as comma-joined text: a psycopg array parameter is quoted element by
-# element in Python (a datetime costs more than its row's share of the statement).
-_CLAIM_UPDATE = f"""
-UPDATE {_TABLE} t
-SET attempts = t.attempts + 1, claim_token = %(token)s,
-    claim_expires_at = %(now)s + v.lease * interval '1 second', updated_at = %(now)s,
-    due_at = %(now)s + v.lease * interval '1 second'  -- db_rules.DUE_AT_RULE: due at its lease's end
-FROM unnest(string_to_array(%(ids)s, ',')::uuid[], string_to_array(%(leases)s, ',')::float8[])
-     AS v(id, lease)
-WHERE t.id = v.id
-"""
 
 
 def claim_query(
@@ -161,8 +114,8 @@ def claim_query(
         "max_payload": get_settings().MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes,
     }
     # Django's PostgreSQL backend knows the server's version (read once per connection wrapper).
-    estimate = _ESTIMATE_14 if int(getattr(connection, "pg_version", 0)) >= 140000 else _ESTIMATE_13
-    return _CLAIM_SELECT.format(filters=" ".join(filters), estimate=estimate), params
+    estimate = ESTIMATE_14 if int(getattr(connection, "pg_version", 0)) >= 140000 else ESTIMATE_13
+    return CLAIM_SELECT.format(filters=" ".join(filters), estimate=estimate), params
 
 
 Settle = Callable[[ClaimedRecord], Outcome | None]
@@ -299,7 +252,7 @@ class _Claim:
                 records.append(record)
             if ids:
                 cursor.execute(
-                    _CLAIM_UPDATE,
+                    CLAIM_UPDATE,
                     {"token": token, "now": self.now, "ids": ",".join(ids), "leases": ",".join(leases)},
                 )
             if settled:
@@ -335,6 +288,16 @@ class _Claim:
         if undecodable:
             stop = Failure(UNDECODABLE, f"payload cannot be decoded: {undecodable}", retriable=False)
             return record, float(lease), stop
+        shape, text_size, recipient_chars = row[_MEASURES:]
+        aside = row_limits.set_aside(
+            shape=shape,
+            text_size=text_size,
+            recipient_chars=recipient_chars,
+            payload=payload,
+            max_payload=self.max_payload_bytes,
+        )
+        if aside is not None:
+            return record, float(lease), aside
         max_attempts, channel_key = self.budgets[channel_id]
         budget = attempt_budget(max_attempts, channel_key, ntype, self.by_type)
         return (
@@ -395,7 +358,7 @@ def _recovery_group(rows: list[Any]) -> tuple[list[Any], bool]:
     return chosen, len(chosen) < len(rows)
 
 
-_RECOVERED, _CRASHES, _OVER_BUDGET = 13, 14, 15
+_RECOVERED, _CRASHES, _OVER_BUDGET, _MEASURES = 13, 14, 15, 16
 
 
 def _json(value: Any) -> Any:

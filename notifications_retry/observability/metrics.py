@@ -92,6 +92,8 @@ BUILTIN_ERROR_KINDS = (
     "attempts_invalid",
     "expired",
     "undecodable_payload",
+    "payload_too_large",
+    "payload_invalid",
     "http_4xx",
     "http_5xx",
     "http_unexpected",

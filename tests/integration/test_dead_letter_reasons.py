@@ -125,6 +125,26 @@ def undecodable_payload(clock: ManualClock) -> tuple[uuid.UUID, str]:
     )
 
 
+def payload_too_large(clock: ManualClock) -> tuple[uuid.UUID, str]:
+    row = _due(clock, _in_app(clock))
+    _raw(row, "payload = jsonb_build_object('body', repeat('x', 1024 * 1024))")
+    _tick(clock)
+    return row.pk, (
+        "payload_too_large: payload is 1,048,588 bytes as stored; at most 262,144 are accepted "
+        "(MAX_PAYLOAD_BYTES; written past the API: nothing was sent)"
+    )
+
+
+def payload_not_an_object(clock: ManualClock) -> tuple[uuid.UUID, str]:
+    row = _due(clock, _in_app(clock))
+    _raw(row, 'payload = \'["a", "b"]\'::jsonb')
+    _tick(clock)
+    return (
+        row.pk,
+        "payload_invalid: payload is a JSON array, not an object (written past the API: nothing was sent)",
+    )
+
+
 def blank_recipient(clock: ManualClock) -> tuple[uuid.UUID, str]:
     row = _due(clock, _in_app(clock))
     _raw(row, "recipient = '   '")
@@ -166,6 +186,8 @@ CASES: list[Callable[[ManualClock], tuple[uuid.UUID, str]]] = [
     deadline_minus_infinity,
     deadline_before_1970,
     undecodable_payload,
+    payload_too_large,
+    payload_not_an_object,
     blank_recipient,
     provider_refused,
     retries_spent,

@@ -10,7 +10,7 @@ import time
 import pytest
 from django.db import connection
 
-from notifications_retry.models import ChannelConfig
+from notifications_retry.models import ChannelConfig, NotificationEntity
 from tests.process.conftest import seed_due
 from tests.process.helpers import webhook_channel
 from tests.support.raw_http_server import RawServer, endless
@@ -71,4 +71,45 @@ def test_peak_rss_stays_bounded_under_header_floods_and_payloads_at_the_limit(st
     assert server.connections >= 32
     peak = max(seen)
     print(f"worker peak RSS: {peak:.0f} MB (bound {RSS_BOUND_MB} MB)")
+    assert peak < RSS_BOUND_MB, peak
+
+
+#: Rows written past the API (raw SQL), as a bad migration or a restore would leave them.
+POISON_SET = [
+    ("payload = jsonb_build_object('body', repeat('x', 50 * 1024 * 1024))", 1),
+    ("payload = jsonb_build_object('body', repeat(md5(random()::text), 5 * 1024 * 1024 / 32))", 20),
+    ("recipient = repeat('r', 10 * 1024 * 1024)", 1),
+    ("payload = jsonb_build_array(repeat('y', 1024 * 1024))", 1),
+    ("payload = to_jsonb(repeat('z', 1024 * 1024))", 1),
+]
+
+
+def test_peak_rss_stays_bounded_with_the_poison_set_present(start_worker):
+    """Oversized and non-object rows are set aside at claim without the worker reading them."""
+    healthy = ChannelConfig.objects.create(key="in_app", provider_key="in_app", max_attempts=5)
+    seed_due(healthy, 200)
+    poison = ChannelConfig.objects.create(key="poison", provider_key="in_app", max_attempts=5)
+    with connection.cursor() as cursor:
+        for assignment, count in POISON_SET:
+            seed_due(poison, count)
+            cursor.execute(
+                f"UPDATE notifications_retry_notificationentity SET {assignment} WHERE id IN ("
+                "SELECT id FROM notifications_retry_notificationentity WHERE channel_id = %s "
+                "AND dead_lettered_at IS NULL AND status = 'failed' AND recipient NOT LIKE 'rrrr%%' "
+                "AND jsonb_typeof(payload) = 'object' AND pg_column_size(payload) < 1000 LIMIT %s)",
+                [poison.pk, count],
+            )
+    worker = start_worker(["--once", "--batch-size", "500", "--max-duration", "60"], SETTINGS)
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=watch_peak, args=(worker.pid, stop, seen), daemon=True)
+    watcher.start()
+    status = worker.wait(120)
+    stop.set()
+    watcher.join(2)
+    peak = max(seen)
+    print(f"worker peak RSS with the poison set: {peak:.0f} MB (bound {RSS_BOUND_MB} MB)")
+    assert status == 0, worker.output()[-3000:]
+    assert NotificationEntity.objects.filter(channel=healthy, status="sent").count() == 200
+    kinds = NotificationEntity.objects.filter(channel=poison).values_list("error_kind", flat=True)
+    assert sorted(kinds) == sorted(["payload_too_large"] * 22 + ["payload_invalid"] * 2)
     assert peak < RSS_BOUND_MB, peak

@@ -48,13 +48,14 @@ def test_poison_payload_and_raising_provider_end_terminal_while_healthy_records_
             key="bug", provider_key="exploding", max_attempts=3, backoff_base_seconds=1, retry_backoff="fixed"
         )
         due = db_now()
-        # A payload Python cannot decode: nested deeper than the JSON decoder's recursion limit on every
-        # supported Python (3.12 and 3.13 decode 1,200 and 8,000 levels), yet within PostgreSQL's stack.
+        # A payload Python cannot decode (an object, so the claim reads it): nested deeper than the JSON
+        # decoder's recursion limit on every supported Python (3.12 and 3.13 decode 1,200 and 8,000
+        # levels), yet within PostgreSQL's stack.
         poison = NotificationFactory(channel=hook, status=Status.FAILED, attempts=1, next_attempt_at=due)
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE notifications_retry_notificationentity SET payload = (repeat('[', 12000) "
-                "|| '\"x\"' || repeat(']', 12000))::jsonb WHERE id = %s",
+                "UPDATE notifications_retry_notificationentity SET payload = (repeat('{\"a\":', 12000) "
+                "|| '\"x\"' || repeat('}', 12000))::jsonb WHERE id = %s",
                 [poison.pk],
             )
         buggy = NotificationFactory(channel=exploding, status=Status.FAILED, attempts=1, next_attempt_at=due)
