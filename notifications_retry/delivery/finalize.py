@@ -256,26 +256,41 @@ def reachable() -> bool:
 
 _RELEASE = f"""
 UPDATE {_TABLE} t
-SET attempts = t.attempts - 1, claim_token = NULL, claim_expires_at = NULL
-FROM unnest(%s::uuid[], %s::uuid[]) AS v(id, token)
+SET attempts = t.attempts - 1, claim_token = NULL, claim_expires_at = NULL,
+    -- Not before the provider's pause (GREATEST ignores a NULL: no pause, the row is due as it was).
+    next_attempt_at = CASE WHEN t.status = 'failed' THEN GREATEST(t.next_attempt_at, %(not_before)s)
+                           ELSE t.next_attempt_at END,
+    scheduled_at = CASE WHEN t.status = 'pending' THEN GREATEST(t.scheduled_at, %(not_before)s)
+                        ELSE t.scheduled_at END
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
 WHERE t.id = v.id AND t.claim_token = v.token
 """
 
 
-def release(records: Sequence[ClaimedRecord]) -> int:
-    """Give back leased records that were never sent (a graceful stop): as they were before the claim.
+def release(records: Sequence[ClaimedRecord], *, not_before: datetime | None = None) -> int:
+    """Give back leased records that were never sent: as they were before the claim.
 
-    Their lease would otherwise strand them until it expires and spend an attempt no provider saw.
-    Returns how many rows were released (a lease already taken over is left alone).
+    Their lease would otherwise strand them until it expires and spend an attempt no provider saw
+    (a graceful stop, a circuit that opened, a provider that asked the channel to wait). With
+    ``not_before`` (a throttle's Retry-After) their next attempt waits until then: a Failed row's
+    ``next_attempt_at``, a Pending row's ``scheduled_at`` move to it if earlier. Returns how many rows
+    were released (a lease already taken over is left alone).
     """
     records = [r for r in records if r.claim_token is not None]
     if not records:
         return 0
     # The attempts trigger allows exactly this refund: one less, in the update that clears the lease,
-    # status unchanged. No trigger is bypassed.
+    # status unchanged. No trigger is bypassed; the due-time trigger sets due_at by the new times.
     with transaction.atomic(), connection.cursor() as cursor:
         bound_transaction(cursor)
-        cursor.execute(_RELEASE, [[r.id for r in records], [r.claim_token for r in records]])
+        cursor.execute(
+            _RELEASE,
+            {
+                "ids": [r.id for r in records],
+                "tokens": [r.claim_token for r in records],
+                "not_before": not_before,
+            },
+        )
         return int(cursor.rowcount)
 
 

@@ -76,6 +76,8 @@ class ChannelRuntime:
             on_change=functools.partial(_circuit_changed, config.key),
         )
         self.paused_until = 0.0
+        #: When the last pause began (monotonic): records held back later wait for the pause from then.
+        self.paused_at = 0.0
         #: The fallback channel's runtime when it is usable in this lane this tick (engine.failover).
         self.fallback: ChannelRuntime | None = None
         self.inflight = 0

@@ -6,8 +6,8 @@ the :class:`~.completer.Completer`; the send loop's thread runs the provider cal
 feeds its channel's flow control and starts the channel's next queued record itself, under one lock,
 so a slot never waits for the worker's thread while that thread claims or commits. Records a channel
 can no longer send (its circuit opened, the provider asked it to wait) are handed back to the
-worker's thread, which gives them back or reschedules them — unless the channel has a fallback that
-can take them (engine.failover).
+worker's thread, which gives them back (their attempt with them; after a throttle, due again when
+the pause ends) — unless the channel has a fallback that can take them (engine.failover).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -32,7 +33,7 @@ from notifications_retry.engine.feedback import FlowFeedback, take_queue, thrott
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.locks import AdvisoryLock
-from notifications_retry.outcomes import THROTTLED, ClaimedRecord, Failure, Outcome
+from notifications_retry.outcomes import ClaimedRecord, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -202,19 +203,24 @@ class Dispatcher:
 
     def _settle_one(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome | None:
         """A claimed record of an inline channel, delivered now if it may start (the caller holds the
-        settle lock); None leases it for later."""
-        if self.monotonic() < rt.paused_until:
-            return self._deferred(rt, record)
+        settle lock); None leases it for later (a paused channel's is given back by :meth:`_start`)."""
         if rt.queue or not rt.can_start(self.monotonic()):
             return None
         return self._send_inline(rt, record, out)
 
-    def _deferred(self, rt: ChannelRuntime, record: ClaimedRecord, at: float | None = None) -> Outcome:
-        """A claimed record of a throttled channel, rescheduled unsent for when the pause (as seen at
-        ``at``, the moment the channel was paused) ends."""
-        wait = max(0.0, rt.paused_until - (self.monotonic() if at is None else at))
-        failure = Failure(THROTTLED, "channel throttled by the provider; not sent", True, wait)
-        return self.executor.failed(rt, record, failure, self.monotonic())
+    def _hold_back(self, rt: ChannelRuntime, records: list[ClaimedRecord], at: float | None = None) -> None:
+        """Give back queued records of a channel its provider asked to wait: their calls never started,
+        so they keep their attempt (as a circuit opening's do), and their next one waits for the pause
+        (as seen at ``at``, the moment the channel was paused)."""
+        wait = max(0.0, rt.paused_until - (rt.paused_at if at is None else at))
+        not_before = self.executor.clock.now() + timedelta(seconds=wait)
+        (self.feedback.bound or log).info(
+            "records-released",
+            count=release(records, not_before=not_before),
+            reason="channel throttled before they were sent",
+            channel=rt.key,
+            not_before=not_before.isoformat(),
+        )
 
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
@@ -229,10 +235,16 @@ class Dispatcher:
         for rt in runtimes.values():
             if rt.inline:
                 outcomes: list[Outcome] = []
+                held: list[ClaimedRecord] = []
                 with self.settle_lock:
                     while rt.queue and rt.can_start(self.monotonic()):
                         self._send_inline(rt, rt.queue.popleft(), outcomes)
+                    if rt.queue and self.monotonic() < rt.paused_until:
+                        with self.lock:
+                            held = take_queue(rt)
                 self.completer.add(outcomes)
+                if held:
+                    self._hold_back(rt, held)
                 continue
             started: list[ClaimedRecord] = []
             rerouted: list[Rerouted] = []
@@ -262,7 +274,9 @@ class Dispatcher:
             returned = self.feedback.account(rt, outcome, at)
         out.append(outcome)
         if returned and throttles(outcome):
-            out.extend(self._deferred(rt, r, at) for r in returned)
+            # Back in line: given back by _start, on the worker's thread and outside any claim.
+            with self.lock:
+                rt.queue.extendleft(reversed(returned))
         elif returned:
             log.info(
                 "records-released", count=release(returned), reason="circuit opened before they were sent"
@@ -273,7 +287,7 @@ class Dispatcher:
         """Queued records of a channel that can neither call its provider nor its fallback now."""
         at = self.monotonic()
         if at < rt.paused_until:
-            self.completer.add(self._deferred(rt, record, at) for record in records)
+            self._hold_back(rt, records, at)
         else:
             log.info(
                 "records-released",
@@ -343,16 +357,19 @@ class Dispatcher:
                 break
         outcomes: list[Outcome] = []
         give_back: list[ClaimedRecord] = []
+        held: list[Returned] = []
         for item in finished:
             outcomes.append(item.outcome)
             for returned in item.returns:
                 if not returned.records:
                     continue
                 if throttles(returned.cause):
-                    outcomes.extend(self._deferred(returned.rt, r, returned.at) for r in returned.records)
+                    held.append(returned)
                 else:
                     give_back.extend(returned.records)
         self.completer.add(outcomes)
+        for returned in held:
+            self._hold_back(returned.rt, returned.records, returned.at)
         if give_back:
             bound.info(
                 "records-released", count=release(give_back), reason="circuit opened before they were sent"

@@ -32,7 +32,8 @@ class FlowFeedback:
             return []
         if throttles(outcome):
             pause = outcome.retry_after or self.conf.THROTTLE_DEFAULT_SECONDS
-            rt.paused_until = max(rt.paused_until, now_mono + pause)
+            if now_mono + pause > rt.paused_until:
+                rt.paused_until, rt.paused_at = now_mono + pause, now_mono
             rt.breaker.neutral()
             self.bound.warning(
                 "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)

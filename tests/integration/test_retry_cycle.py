@@ -298,32 +298,38 @@ def test_throttled_channel_sends_nothing_more_before_retry_after(clock, webhook_
     ]
     stats = make_worker(clock).tick()
     assert len(webhook_server.requests) == 1
-    # Everything claimed waits for Retry-After; the rest was never claimed.
-    assert stats.retried == claimed_at_most
+    # Everything claimed waits for Retry-After; the rest was never claimed. Only the record whose call
+    # was made spent an attempt: those queued behind it were given back with theirs.
+    assert stats.retried == 1
     oldest_first = sorted(records, key=lambda r: r.next_attempt_at)
+    called = webhook_server.keys()[0]
     for record in oldest_first[:claimed_at_most]:
         record.refresh_from_db()
-        assert record.error_kind == "throttled"
         assert record.next_attempt_at >= clock.now() + timedelta(seconds=120)
+        if str(record.pk) == called:
+            assert (record.attempts, record.error_kind) == (2, "throttled")
+        else:
+            assert (record.attempts, record.error_kind, record.claim_token) == (1, "", None)
     for untouched in oldest_first[claimed_at_most:]:
         untouched.refresh_from_db()
         assert untouched.attempts == 1 and untouched.error_kind == ""
 
 
-def test_inline_channel_throttled_mid_claim_defers_the_rest_unsent(clock):
+def test_inline_channel_throttled_mid_claim_gives_the_rest_back_unsent(clock):
     channel = ChannelFactory(key="email", provider_key="stub", options={"fail": "throttled"}, max_attempts=5)
     records = [
         failed_due(clock, channel, next_attempt_at=clock.now() - timedelta(seconds=i)) for i in range(3)
     ]
     stats = make_worker(clock).tick()
-    assert stats.retried == 3
-    errors = []
+    assert stats.retried == 1
+    seen = []
     for record in records:
         record.refresh_from_db()
         assert record.next_attempt_at >= clock.now() + timedelta(seconds=60)
-        errors.append(record.last_error)
-    not_sent = "channel throttled by the provider; not sent"
-    assert sorted(errors) == sorted(["stub told to throttle", not_sent, not_sent])
+        assert record.claim_token is None
+        seen.append((record.attempts, record.last_error))
+    # One call was made and spent its attempt; the two behind it keep theirs and wait for the pause.
+    assert sorted(seen) == [(1, ""), (1, ""), (2, "stub told to throttle")]
 
 
 def test_inline_delivery_writes_each_row_once(clock):
