@@ -232,6 +232,8 @@ class Dispatcher:
 
     def _start(self, runtimes: dict[int, ChannelRuntime]) -> None:
         """Start what may start now: inline providers run right here, others on the send loop."""
+        if self.stopping():
+            return  # no call starts after a stop was asked: what is queued is given back
         for rt in runtimes.values():
             if rt.inline:
                 outcomes: list[Outcome] = []

@@ -174,6 +174,11 @@ class Worker:
                     ticks = ticks[-1000:]
         finally:
             self.close()
+            if self._stop_at is not None:
+                # How long the stop took in this process (calls finished or abandoned, rows given back,
+                # lock released, threads closed): the bound docs/operations.md gives. The interpreter's
+                # own exit comes after, and takes what CPU the machine leaves it.
+                log.info("worker-stopped", after_stop_s=round(self.monotonic() - self._stop_at, 3))
         return ticks
 
     def close(self) -> None:

@@ -46,6 +46,7 @@ class DeadlineIgnoringProvider(Provider):
     enforces_timeout = True
 
     async def send_async(self, message: OutgoingMessage) -> SendResult:
+        _log_call(self.channel.options.get("call_log"), message)  # a call in flight, for the test to see
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
@@ -56,6 +57,7 @@ class AbsurdAnswerProvider(Provider):
     key: ClassVar[str] = "absurd_answer"
 
     async def send_async(self, message: OutgoingMessage) -> SendResult:
+        _log_call(self.channel.options.get("call_log"), message)
         answer = self.channel.options.get("answer")
         if answer == "overflow":
             raise OverflowError("date value out of range")
