@@ -179,7 +179,9 @@ class Completer:
                 bound.warning(
                     "item-stale",
                     notification_id=str(outcome.record.id),
-                    reason="lease ran out while the database was unreachable; outcome discarded",
+                    outcome=outcome.result,
+                    error_kind=outcome.error_kind or None,
+                    reason="lease ran out before the outcome was committed; outcome discarded",
                 )
             else:
                 kept.append(outcome)

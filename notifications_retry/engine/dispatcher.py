@@ -30,6 +30,7 @@ from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
+from notifications_retry.engine.ownership import Ownership
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.locks import AdvisoryLock
@@ -87,6 +88,8 @@ class Dispatcher:
         self.done: queue.SimpleQueue[Finished] = queue.SimpleQueue()
         #: Set when the tick stopped waiting for calls that outlived every bound.
         self.abandoned = False
+        #: Whether the tick still owns the cycle: asked before every new provider call.
+        self.ownership: Ownership | None = None
         self.feedback = FlowFeedback(conf, monotonic, None)
         self.failover = Failover(executor, self.feedback, self.lock, monotonic)
         self.claims = Claims(
@@ -119,7 +122,9 @@ class Dispatcher:
         completer = self.completer
         claiming = True
         remaining = batch_size
-        lock_checked_at, lock_ok = -LOCK_CHECK_SECONDS, False
+        lock_checked_at = self.monotonic()
+        ownership = self.ownership = Ownership(self.monotonic, lock.idle_session_timeout)
+        ownership.begin(lock_checked_at)  # the tick took the lock just now
         chunk = max(1, min(self.conf.CLAIM_CHUNK_SIZE, batch_size))
         self.abandoned = False
         # No call may outlive its timeout and the executor's grace: past that (a provider that ignores
@@ -143,6 +148,16 @@ class Dispatcher:
                 break
             if self.stopping() and any(rt.queue for rt in runtimes.values()):
                 self._release_queued(runtimes, bound, "stop requested before they were sent")
+            # The lock is asked about on every pass, claiming or not: sends start only while it was
+            # seen held within the ownership window, and the question keeps its session from idling.
+            if not ownership.lost and now_mono - lock_checked_at >= LOCK_CHECK_SECONDS:
+                lock_checked_at = self.monotonic()
+                ownership.confirm(lock.still_held(), lock_checked_at)
+                if ownership.lost:
+                    stats.lock_lost = True
+                    bound.error("retry-cycle-lock-lost")
+                    claiming = False
+                    self._release_queued(runtimes, bound, "the cycle's lock was lost before they were sent")
             claims.take_ahead(bound, wait=not claiming)
             if claiming:
                 with self.settle_lock:
@@ -153,17 +168,9 @@ class Dispatcher:
                 plan = [p for p in plan if p.limit > 0]
                 if not plan:
                     claims.take_ahead(bound, wait=True)  # nothing to claim beside it: wait, not spin
-                else:
-                    if self.monotonic() - lock_checked_at >= LOCK_CHECK_SECONDS:
-                        lock_checked_at = self.monotonic()
-                        lock_ok = lock.still_held()
-                    if not lock_ok:
-                        stats.lock_lost = True
-                        bound.error("retry-cycle-lock-lost")
-                        claiming = False
-                    else:
-                        claims.claim(plan, remaining, bound)
-                        remaining = batch_size - stats.claims - claims.reserved
+                elif ownership.may_send():
+                    claims.claim(plan, remaining, bound)
+                    remaining = batch_size - stats.claims - claims.reserved
             self._start(runtimes)
             # Wait for finished calls no longer than the completer may hold an outcome back.
             wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
@@ -204,9 +211,13 @@ class Dispatcher:
     def _settle_one(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome | None:
         """A claimed record of an inline channel, delivered now if it may start (the caller holds the
         settle lock); None leases it for later (a paused channel's is given back by :meth:`_start`)."""
-        if rt.queue or not rt.can_start(self.monotonic()):
+        if rt.queue or not rt.can_start(self.monotonic()) or not self._may_send():
             return None
         return self._send_inline(rt, record, out)
+
+    def _may_send(self, at: float | None = None) -> bool:
+        """Whether a new provider call may start: no stop asked, the cycle still ours (engine.ownership)."""
+        return not self.stopping() and self.ownership is not None and self.ownership.may_send(at)
 
     def _hold_back(self, rt: ChannelRuntime, records: list[ClaimedRecord], at: float | None = None) -> None:
         """Give back queued records of a channel its provider asked to wait: their calls never started,
@@ -232,8 +243,8 @@ class Dispatcher:
 
     def _start(self, runtimes: dict[int, ChannelRuntime]) -> None:
         """Start what may start now: inline providers run right here, others on the send loop."""
-        if self.stopping():
-            return  # no call starts after a stop was asked: what is queued is given back
+        if not self._may_send():
+            return  # after a stop, what is queued is given back; unconfirmed, it waits for the lock
         for rt in runtimes.values():
             if rt.inline:
                 outcomes: list[Outcome] = []
@@ -255,6 +266,10 @@ class Dispatcher:
                 if rt.fallback is not None and rt.queue:
                     rerouted, given_back = self.failover.reroute(rt)
                     self.running += len(rerouted)
+                elif rt.queue and _cannot_send(rt, self.monotonic()):
+                    # Claimed by a claim that was already running when the circuit opened (or the
+                    # provider asked to wait): nothing would ever start them this tick.
+                    given_back = take_queue(rt)
                 while rt.queue and rt.can_start(self.monotonic()):
                     started.append(rt.queue.popleft())
                     rt.begin(self.monotonic())
@@ -314,7 +329,7 @@ class Dispatcher:
                 with self.lock:
                     at = self.monotonic()
                     returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
-                    fallback = self.failover.reserve(rt, at)
+                    fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
                 if fallback is not None:
                     outcome, returned = await self.failover.send(rt, fallback, record, outcome)
                     returns.append(returned)
@@ -327,7 +342,7 @@ class Dispatcher:
                 # This call no longer counts against the channel's concurrency: at full concurrency
                 # the next record would otherwise wait for the worker's thread to start it.
                 rt.inflight -= 1
-                if not self.stopping() and rt.queue and rt.can_start(self.monotonic()):
+                if rt.queue and rt.can_start(self.monotonic()) and self._may_send():
                     record = rt.queue.popleft()
                     rt.begin(self.monotonic())
                     rt.inflight += 1
@@ -381,3 +396,9 @@ class Dispatcher:
         now_mono = self.monotonic()
         waits = [rt.limiter.wait_time(now_mono) for rt in runtimes.values() if rt.queue]
         return max(0.001, min([0.05, *[w for w in waits if w > 0]]))
+
+
+def _cannot_send(rt: ChannelRuntime, now_mono: float) -> bool:
+    """Whether a channel's queued records cannot start before its pause or its circuit's cool-down ends
+    (half open, they wait for the probe's answer)."""
+    return now_mono < rt.paused_until or rt.breaker.state == rt.breaker.OPEN

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from notifications_retry.clock import Clock
+from notifications_retry.deadlines import deadline
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.observability import tracing
 from notifications_retry.outcomes import (
@@ -150,13 +151,14 @@ class Executor:
             except Exception as exc:
                 return self.raised(rt, record, exc, started)
             return self.sent(record, result, started)
-        watchdog = asyncio.timeout(float(rt.config.timeout_seconds) + ABANDON_GRACE_SECONDS)
+        watchdog: asyncio.Timeout | None = None
         try:
             with self._provider_span(rt, record):
-                async with watchdog:
+                # An answer that came back while the process was paused counts (not a timeout).
+                async with deadline(float(rt.config.timeout_seconds) + ABANDON_GRACE_SECONDS) as watchdog:
                     result = await self._await(provider, message)
         except Exception as exc:
-            if watchdog.expired():
+            if watchdog is not None and watchdog.expired():
                 timeout = f"provider did not return within {rt.config.timeout_seconds:g}s"
                 return self.failed(rt, record, Failure(TIMEOUT, timeout, retriable=True), started)
             return self.raised(rt, record, exc, started)

@@ -86,6 +86,8 @@ class OutcomeReporter:
             self.bound.warning(
                 "item-stale",
                 notification_id=str(outcome.record.id),
+                outcome=outcome.result,
+                error_kind=outcome.error_kind or None,
                 reason="claim expired or taken over; outcome discarded",
             )
 

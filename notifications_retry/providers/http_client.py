@@ -28,6 +28,7 @@ import aiohttp
 import httpx
 import yarl
 
+from ..deadlines import deadline
 from ..exception_chain import causes
 
 __all__ = [
@@ -286,7 +287,9 @@ class HttpClient:
         state = self._session()
         state.inflight += 1
         try:
-            async with asyncio.timeout(timeout):
+            # Not asyncio.timeout: an answer that arrived while the process was paused is read, not
+            # called a timeout (notifications_retry.deadlines).
+            async with deadline(timeout):
                 return await self._exchange(state.session, method, headers, body)
         except TimeoutError as exc:
             raise RequestTimeout(f"no complete answer within {timeout:g}s") from exc

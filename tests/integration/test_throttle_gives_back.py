@@ -119,3 +119,46 @@ def test_repeated_throttling_never_dead_letters_a_row_called_fewer_times_than_it
         assert calls[str(row.pk)] == 2, (row.pk, calls[str(row.pk)])
     for row in NotificationEntity.objects.filter(pk__in=[r.pk for r in rows]):
         assert row.attempts == 1 + calls[str(row.pk)]
+
+
+def test_rows_claimed_as_the_circuit_opened_are_given_back_not_left_queued(clock: ManualClock) -> None:
+    # A claim already running when a call's answer opened the circuit brings rows the channel can no
+    # longer send this tick: they are given back with their attempt (the tick once looped on them).
+    from notifications_retry.conf import get_settings
+    from notifications_retry.delivery import ChannelClaim, claim_due
+    from notifications_retry.engine.channels import ChannelRuntime
+    from notifications_retry.engine.dispatcher import Dispatcher
+    from notifications_retry.engine.ownership import Ownership
+    from notifications_retry.providers.webhook import WebhookProvider
+
+    channel = ChannelFactory(
+        key="hook", provider_key="webhook", options={"url": "https://hooks.example.com/in"}, max_attempts=5
+    )
+    rows = _seed(clock, channel, 3)
+    batch = claim_due(
+        clock.now(), [ChannelClaim(channel.pk, 3, 60.0)], total=3, budgets={channel.pk: (5, "hook")}
+    )
+    conf = get_settings()
+    rt = ChannelRuntime(
+        channel, WebhookProvider(channel.settings()), conf, max_concurrency=1, rate_limit=None
+    )
+    for _ in range(conf.CIRCUIT_FAILURE_THRESHOLD):
+        rt.breaker.failure(0.0)
+    assert rt.breaker.state == rt.breaker.OPEN
+    rt.queue.extend(batch.records)
+    dispatcher = Dispatcher(
+        conf=conf,
+        executor=None,  # type: ignore[arg-type]
+        completer=None,  # type: ignore[arg-type]
+        reporter=None,  # type: ignore[arg-type]
+        send_loop=None,  # type: ignore[arg-type]
+        monotonic=lambda: 1.0,
+        stopping=lambda: False,
+        lane_priorities=None,
+    )
+    dispatcher.ownership = Ownership(lambda: 1.0, idle_session_timeout=90)
+    dispatcher.ownership.begin(1.0)
+    dispatcher._start({channel.pk: rt})
+    assert not rt.queue
+    released = NotificationEntity.objects.filter(pk__in=[r.pk for r in rows])
+    assert set(released.values_list("attempts", "claim_token")) == {(1, None)}

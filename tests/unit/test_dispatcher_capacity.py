@@ -5,6 +5,7 @@ from __future__ import annotations
 from notifications_retry.conf import get_settings
 from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECONDS, ChannelRuntime
 from notifications_retry.engine.feedback import FlowFeedback
+from notifications_retry.engine.ownership import Ownership
 from notifications_retry.models import ChannelConfig
 from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 from notifications_retry.providers.webhook import WebhookProvider
@@ -150,6 +151,8 @@ def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
         stopping=lambda: False,
         lane_priorities=None,
     )
+    dispatcher.ownership = Ownership(lambda: 0.0, idle_session_timeout=90)
+    dispatcher.ownership.begin(0.0)  # the tick holds the cycle's lock, as run() starts it
     rt = runtime(max_concurrency=1)
     first, *queued = [record() for _ in range(4)]
     rt.queue.extend(queued)
@@ -160,3 +163,33 @@ def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
     )
     assert rt.inflight == 0 and dispatcher.running == 0 and not rt.queue
     assert dispatcher.done.qsize() == 4
+
+
+def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
+    # A process resumed after a freeze: the lock was last seen held long ago (the standby has it now).
+    import asyncio
+
+    from notifications_retry.engine.dispatcher import Dispatcher
+
+    now = [0.0]
+    executor = _Executor()
+    dispatcher = Dispatcher(
+        conf=get_settings(),
+        executor=executor,  # type: ignore[arg-type]
+        completer=None,  # type: ignore[arg-type]
+        reporter=None,  # type: ignore[arg-type]
+        send_loop=None,  # type: ignore[arg-type]
+        monotonic=lambda: now[0],
+        stopping=lambda: False,
+        lane_priorities=None,
+    )
+    dispatcher.ownership = Ownership(lambda: now[0], idle_session_timeout=90)
+    dispatcher.ownership.begin(0.0)
+    now[0] = 120.0  # frozen for two minutes during the call
+    rt = runtime(max_concurrency=1)
+    first, *queued = [record() for _ in range(3)]
+    rt.queue.extend(queued)
+    rt.inflight, dispatcher.running = 1, 1
+    asyncio.run(dispatcher._slot(rt, first))
+    assert [r.id for r in executor.sent] == [first.id], "the answer is handed on, nothing new starts"
+    assert list(rt.queue) == queued and dispatcher.done.qsize() == 1
