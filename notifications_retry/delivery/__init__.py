@@ -1,7 +1,9 @@
 """The only code that writes notification and outbox rows.
 
 - :mod:`.create` inserts a new Pending notification (``api.create_notification``);
-- :mod:`.claim` leases due rows for sending (and settles those that cannot be sent any more);
+- :mod:`.claim` leases due rows for sending (and settles those that cannot be sent any more), with
+  its statements in :mod:`.claim_statements` and the size and shape limits every claimed row is held
+  to in :mod:`.row_limits`;
 - :mod:`.finalize` applies outcomes and their outbox events under the claim token, and gives back
   leases that were never used;
 - :mod:`.handoff` records the outcome of the monolith's own first send;
