@@ -2,14 +2,17 @@
 
 :func:`exponential_delay` is the one doubling-with-a-cap rule: a record's retries (:class:`BackoffPolicy`),
 a worker whose database is down, a commit that waits for it, the relay and the ``http`` publisher all
-wait by it.
+wait by it. :func:`retry_after_seconds` is the one reading of a ``Retry-After`` header (the providers'
+and the ``http`` publisher's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 
 FIXED = "fixed"
 #: The shortest wait after an answer with Retry-After (a "Retry-After: 0" still waits this long): a
@@ -18,6 +21,8 @@ MIN_RETRY_AFTER_SECONDS = 1.0
 #: The longest wait before a next attempt, whatever the backoff or a provider's Retry-After says.
 MAX_DELAY_SECONDS = 366 * 86_400
 EXPONENTIAL = "exponential"
+#: A Retry-After of more digits than this is past any maximum: clamped without being converted.
+_MAX_DIGITS = 12
 
 
 def exponential_delay(step: int, first: float, cap: float) -> float:
@@ -74,3 +79,25 @@ def next_attempt_at(
     # Whatever a provider asked for, the next attempt stays within a year: a datetime cannot hold
     # an absurd Retry-After, and an outcome must always be computable.
     return now + timedelta(seconds=min(delay, MAX_DELAY_SECONDS))
+
+
+def retry_after_seconds(value: str | None, *, now: datetime, maximum: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad.
+
+    Clamped to ``[0, maximum]``: an absurd value (``999999999999``, a date in year 9999) waits the
+    maximum and never raises. The one reading of the header, for providers and publishers alike.
+    """
+    if not value:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        seconds = float(value) if len(value) <= _MAX_DIGITS else math.inf
+        return min(seconds, maximum)
+    try:
+        when = parsedate_to_datetime(value)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - now).total_seconds()
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+    return min(max(0.0, seconds), maximum)

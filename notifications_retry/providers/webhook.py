@@ -5,10 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -17,6 +15,7 @@ from django.conf import settings as django_settings
 from .. import url_policy
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
+from ..retry import retry_after_seconds
 from ..version import __version__
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
 from .http_client import HttpClient, NeverConnected, TransportError, check_header, run_sync
@@ -26,8 +25,6 @@ MAX_RESPONSE_BYTES = 64 * 1024
 USER_AGENT = f"notifications-retry/{__version__}"
 #: Headers the request framing owns: options cannot override them.
 RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-#: A Retry-After of more digits than this is past any maximum: clamped without being converted.
-_MAX_DIGITS = 12
 
 
 def parse_retry_after(
@@ -38,22 +35,9 @@ def parse_retry_after(
     Clamped to ``[0, maximum]`` (default: the ``RETRY_AFTER_MAX_SECONDS`` setting): an absurd value
     (``999999999999``, a date in year 9999) waits the maximum and never raises.
     """
-    if maximum is None:
-        maximum = _retry_after_max()
-    if not value:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        seconds = float(value) if len(value) <= _MAX_DIGITS else math.inf
-        return min(seconds, maximum)
-    try:
-        when = parsedate_to_datetime(value)
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
-    return min(max(0.0, seconds), maximum)
+    return retry_after_seconds(
+        value, now=now or datetime.now(UTC), maximum=_retry_after_max() if maximum is None else maximum
+    )
 
 
 def _retry_after_max() -> float:

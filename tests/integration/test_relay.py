@@ -10,7 +10,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from pathlib import Path
 
 import jsonschema
@@ -156,6 +157,21 @@ def test_http_publisher_retries_with_backoff_then_reports_the_endpoint_down(webh
     assert len(webhook_server.requests) == 4
     # Exponential from 0.5 s, raised to Retry-After (2 s), capped at 1.5 s.
     assert sleeps == [1.5, 1.5, 1.5]
+    publisher.close()
+
+
+def test_http_publisher_reads_retry_after_as_providers_do_an_http_date_too(webhook_server):
+    in_a_while = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    webhook_server.responder = lambda request: Reply(503, headers={"Retry-After": in_a_while})
+    sleeps: list[float] = []
+    publisher = HttpPublisher(
+        {"url": webhook_server.url, "retries": 1, "backoff_seconds": 0.1, "backoff_cap_seconds": 5},
+        sleep=sleeps.append,
+    )
+    with pytest.raises(Exception, match="unavailable after 2 attempt"):
+        publisher.publish({"event_id": "e", "key": "k", "topic": "t", "generation": 0})
+    # The date is 30 s away: the wait is raised to it, then capped (it was ignored: 0.1 s).
+    assert sleeps == [5]
     publisher.close()
 
 

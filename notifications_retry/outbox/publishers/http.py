@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import httpx
 
 from notifications_retry.outbox.publishers.base import Publisher, PublishError
-from notifications_retry.retry import exponential_delay
+from notifications_retry.retry import exponential_delay, retry_after_seconds
 
 #: Headers of every request: consumers partition by the key and drop duplicates by the event id.
 KEY_HEADER = "X-Event-Key"
@@ -103,7 +104,9 @@ class HttpPublisher(Publisher):
             if response.status_code not in RETRIABLE_STATUSES:
                 # The endpoint answered and refused this event: other keys may still go through.
                 raise PublishError(f"{self.url} refused event {event['event_id']}: {last}")
-            retry_after = _retry_after(response.headers.get("retry-after"))
+            retry_after = retry_after_seconds(
+                response.headers.get("retry-after"), now=datetime.now(UTC), maximum=self.backoff_cap
+            )
         raise PublishError(
             f"{self.url} unavailable after {self.retries + 1} attempt(s): {last}", endpoint_down=True
         )
@@ -117,9 +120,3 @@ class HttpPublisher(Publisher):
     def close(self) -> None:
         """Close the HTTP client."""
         self.client.close()
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value and value.strip().isdigit():
-        return float(value.strip())
-    return None
