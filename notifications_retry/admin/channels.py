@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -14,6 +16,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from notifications_retry.models import ChannelConfig
+from notifications_retry.providers import webhook_signing
 from notifications_retry.url_policy import resolved_beforehand, webhook_url_problems
 
 from . import display
@@ -26,7 +29,12 @@ else:
 
 
 class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
-    """Options without the secret (write-only field beside it), webhook URLs checked by the URL policy."""
+    """Options without the secrets (write-only fields beside them), webhook URLs checked by the URL policy.
+
+    Stored secrets are listed masked (kind and fingerprint, :func:`webhook_signing.masked`), each with a
+    box to remove it: a rotation adds the new ``whsec_`` secret, waits for the receiver, then removes the
+    old one, and both sign meanwhile.
+    """
 
     secret = forms.CharField(
         required=False,
@@ -34,7 +42,16 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
         label="Provider secret",
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
     )
-    clear_secret = forms.BooleanField(required=False, label="Remove the stored secret")
+    add_secret = forms.CharField(
+        required=False,
+        strip=True,
+        label="Add a signing secret (rotation)",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+    )
+    remove_secrets = forms.MultipleChoiceField(
+        required=False, label="Stored secrets (tick to remove)", widget=forms.CheckboxSelectMultiple
+    )
+    clear_secret = forms.BooleanField(required=False, label="Remove every stored secret")
 
     class Meta:
         model = ChannelConfig
@@ -57,11 +74,29 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         options = dict(self.instance.options or {}) if isinstance(self.instance.options, dict) else {}
         self.stored_secret: str | None = options.pop("secret", None)
+        stored_many = options.pop("secrets", None)
+        self.stored_secrets: list[str] = list(stored_many) if isinstance(stored_many, list) else []
         self.initial["options"] = options
+        stored = webhook_signing.stored_secrets(
+            {"secret": self.stored_secret, "secrets": self.stored_secrets}
+        )
+        self.fields["remove_secrets"].choices = [  # type: ignore[attr-defined]
+            (webhook_signing.fingerprint(s), webhook_signing.masked(s)) for s in stored
+        ]
+        legacy = self.stored_secret is not None and not webhook_signing.is_standard(self.stored_secret)
         self.fields["secret"].help_text = (
             "A secret is stored (never shown). Type a new one to replace it, or leave empty to keep it."
             if self.stored_secret
             else "No secret stored. Type one to set it; it is never shown again."
+        ) + (
+            " It signs with the legacy X-Signature header (no timestamp, no rotation): Standard Webhooks "
+            "is recommended, add a whsec_ secret below, move the receiver to it, then remove this one."
+            if legacy
+            else ""
+        )
+        self.fields["add_secret"].help_text = (
+            "A whsec_ secret (Standard Webhooks) signing beside the stored ones, for a rotation without "
+            f"downtime. A fresh one to use: {_suggested_secret()}"
         )
         if "fallback" in self.fields and self.instance.pk is not None:
             # Offering the channel itself would only lead to an error (clean() refuses it).
@@ -69,7 +104,7 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
             field.queryset = ChannelConfig.objects.exclude(pk=self.instance.pk)  # type: ignore[attr-defined]
         self.fields["options"].help_text = (
             'Provider options as JSON, e.g. {"url": "https://hooks.example.com/notify"}. '
-            "The secret goes in its own field below."
+            "Secrets go in their own fields below."
         )
 
     def clean_options(self) -> dict[str, Any]:
@@ -78,9 +113,23 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
             return {}
         if not isinstance(value, dict):
             raise ValidationError("Options must be a JSON object.")
-        if "secret" in value:
+        if "secret" in value or "secrets" in value:
             raise ValidationError(
-                "Put the secret in the Provider secret field: options never hold it in clear."
+                "Put secrets in the Provider secret fields: options never hold them in clear."
+            )
+        return value
+
+    def clean_secret(self) -> str:
+        value: str = self.cleaned_data.get("secret") or ""
+        if value and webhook_signing.secret_problems({"secret": value}):
+            raise ValidationError("Not a valid whsec_ secret: base64 of 24 to 64 bytes after whsec_.")
+        return value
+
+    def clean_add_secret(self) -> str:
+        value: str = self.cleaned_data.get("add_secret") or ""
+        if value and webhook_signing.secret_problems({"secrets": [value]}):
+            raise ValidationError(
+                "A secret added beside others is a whsec_ secret (base64 of 24 to 64 bytes)."
             )
         return value
 
@@ -89,10 +138,21 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
         if "options" not in data:
             return data
         options = dict(data["options"])
+        single, many = self.stored_secret, list(self.stored_secrets)
+        if data.get("clear_secret"):
+            single, many = None, []
+        removed = set(data.get("remove_secrets") or ())
+        if single is not None and webhook_signing.fingerprint(single) in removed:
+            single = None
+        many = [s for s in many if webhook_signing.fingerprint(s) not in removed]
         if data.get("secret"):
-            options["secret"] = data["secret"]
-        elif self.stored_secret is not None and not data.get("clear_secret"):
-            options["secret"] = self.stored_secret
+            single = data["secret"]
+        if data.get("add_secret") and data["add_secret"] not in many:
+            many.append(data["add_secret"])
+        if single:
+            options["secret"] = single
+        if many:
+            options["secrets"] = many
         data["options"] = options
         url = options.get("url")
         if url is not None or data.get("provider_key") == "webhook":
@@ -108,6 +168,11 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
         super()._post_clean()  # type: ignore[misc]  # ModelForm's hook, absent from django-stubs
         if refused is not None:
             self.errors["options"] = refused
+
+
+def _suggested_secret() -> str:
+    """A new Standard Webhooks secret (32 random bytes): what the admin offers in place of a legacy one."""
+    return webhook_signing.PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 @admin.register(ChannelConfig)
@@ -132,7 +197,7 @@ class ChannelConfigAdmin(ChannelAdminBase):
             {"fields": ("max_attempts", "retry_backoff", "backoff_base_seconds", "backoff_cap_seconds")},
         ),
         ("Limits", {"fields": ("timeout_seconds", "rate_limit_per_second", "max_concurrency")}),
-        ("Provider", {"fields": ("options", "secret", "clear_secret")}),
+        ("Provider", {"fields": ("options", "secret", "add_secret", "remove_secrets", "clear_secret")}),
         ("Failover", {"fields": ("fallback",)}),
         ("Dates", {"fields": ("created_at_display", "updated_at_display")}),
     )
@@ -153,7 +218,14 @@ class ChannelConfigAdmin(ChannelAdminBase):
 
     @admin.display(description="secret")
     def secret_display(self, obj: ChannelConfig) -> str:
-        return "•••••• (set)" if isinstance(obj.options, dict) and obj.options.get("secret") else "—"
+        stored = webhook_signing.stored_secrets(obj.options) if isinstance(obj.options, dict) else []
+        if not stored:
+            return "—"
+        standard = sum(webhook_signing.is_standard(s) for s in stored)
+        kinds = [f"{standard} whsec_"] if standard else []
+        if len(stored) > standard:
+            kinds.append("legacy X-Signature")
+        return f"•••••• (set) {', '.join(kinds)}"
 
     @admin.display(description="configuration")
     def health(self, obj: ChannelConfig) -> SafeString:

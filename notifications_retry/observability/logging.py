@@ -69,6 +69,7 @@ SECRET_KEYS = frozenset(
         "password",
         "passwd",
         "secret",
+        "secrets",
         "client_secret",
         "webhook_secret",
         "signature",

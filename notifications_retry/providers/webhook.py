@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -19,6 +18,7 @@ from ..retry import retry_after_seconds
 from ..version import __version__
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
 from .http_client import HttpClient, NeverConnected, TransportError, check_header, run_sync
+from .webhook_signing import Signer, secret_problems
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -121,7 +121,11 @@ def _crash(exc: Exception) -> RetryableProviderError:
 
 
 class WebhookProvider(Provider):
-    """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` (HMAC signature).
+    """``POST options["url"]``; options: ``url`` (required), ``headers``, ``secret`` / ``secrets``.
+
+    A ``whsec_`` secret signs per Standard Webhooks, any other the legacy ``X-Signature``
+    (:mod:`notifications_retry.providers.webhook_signing`); ``wall_clock`` gives the Unix time of
+    each attempt, the signature's timestamp.
 
     Every send checks the URL policy (:mod:`notifications_retry.url_policy`) and every connection
     the address it goes to: a refused URL is a permanent ``url_refused`` failure, never a request.
@@ -130,12 +134,13 @@ class WebhookProvider(Provider):
     key: ClassVar[str] = "webhook"
     enforces_timeout = True  # one deadline over each whole request (http_client)
 
-    def __init__(self, channel: ChannelSettings) -> None:
+    def __init__(self, channel: ChannelSettings, *, wall_clock: Callable[[], float] = time.time) -> None:
         super().__init__(channel)
         options = channel.options
         self.url: str = options["url"]
         self.extra_headers: dict[str, str] = dict(options.get("headers") or {})
-        self.secret: str | None = options.get("secret")
+        self.signer = Signer.of(options)
+        self.wall_clock = wall_clock
         self.timeout = float(channel.timeout_seconds)
         self.max_connections = max(1, int(channel.max_concurrency))
         # The allowlist the last policy check read; the connect-time guard uses the same one.
@@ -176,8 +181,7 @@ class WebhookProvider(Provider):
                     continue
                 if name.lower() in RESERVED_HEADERS:
                     problems.append(f"webhook header {name!r} is set by the provider itself")
-        if "secret" in options and not isinstance(options["secret"], str):
-            problems.append("webhook option 'secret' must be a string")
+        problems.extend(secret_problems(options))
         return problems
 
     def body(self, message: OutgoingMessage) -> bytes:
@@ -200,10 +204,10 @@ class WebhookProvider(Provider):
     def _request(self, message: OutgoingMessage) -> tuple[list[tuple[str, str]], bytes]:
         """The body and the headers that change per message (the rest are the client's)."""
         body = self.body(message)
-        headers = [("Idempotency-Key", str(message.notification_id))]
-        if self.secret:
-            digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
-            headers.append(("X-Signature", f"sha256={digest}"))
+        msg_id = str(message.notification_id)
+        headers = [("Idempotency-Key", msg_id)]
+        if self.signer.signs:
+            headers += self.signer.headers(msg_id, int(self.wall_clock()), body)
         return headers, body
 
     def _check_url(self) -> None:
@@ -223,8 +227,8 @@ class WebhookProvider(Provider):
         # The options' headers, minus those the provider sets per message, go on every request.
         fixed = {**self.extra_headers, "Content-Type": "application/json", "User-Agent": USER_AGENT}
         fixed.pop("Idempotency-Key", None)
-        if self.secret:
-            fixed.pop("X-Signature", None)
+        signed = self.signer.header_names
+        fixed = {name: value for name, value in fixed.items() if name.lower() not in signed}
         try:
             return HttpClient(
                 self.url,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import socket
 from datetime import timedelta
 from typing import Any
@@ -277,3 +279,60 @@ def test_a_malformed_url_on_a_new_channel_gives_its_own_errors_only(
     # Not the stored options' problem (a new channel has none): that error was false.
     assert "webhook channel needs options['url']" not in errors, errors
     assert not ChannelConfig.objects.filter(key="hook").exists()
+
+
+def test_signing_secrets_rotate_from_the_form_and_show_only_masked(admin_client: Client) -> None:
+    from notifications_retry.providers.webhook_signing import fingerprint
+
+    old = "whsec_" + base64.b64encode(b"o" * 32).decode()
+    new = "whsec_" + base64.b64encode(b"n" * 24).decode()
+    channel = ChannelFactory(
+        key="hooks", provider_key="webhook", options={"url": "https://hooks.example.com/x", "secret": old}
+    )
+    url = reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk])
+    page = admin_client.get(url).content.decode()
+    assert old[6:] not in page and fingerprint(old) in page and "Standard Webhooks" in page
+    options = '{"url": "https://hooks.example.com/x"}'
+    # Step 1: the new secret signs beside the old one.
+    assert admin_client.post(url, channel_form(channel, options=options, add_secret=new)).status_code == 302
+    channel.refresh_from_db()
+    assert channel.options == {"url": "https://hooks.example.com/x", "secret": old, "secrets": [new]}
+    page = admin_client.get(url).content.decode()
+    assert old[6:] not in page and new[6:] not in page and fingerprint(new) in page
+    listing = admin_client.get(reverse("admin:notifications_retry_channelconfig_changelist")).content
+    assert b"2 whsec_" in listing and old[6:].encode() not in listing
+    # Step 2: the old one removed by its fingerprint; the new one keeps signing.
+    removal = channel_form(channel, options=options, remove_secrets=[fingerprint(old)])
+    assert admin_client.post(url, removal).status_code == 302
+    channel.refresh_from_db()
+    assert channel.options == {"url": "https://hooks.example.com/x", "secrets": [new]}
+
+
+def test_the_form_suggests_the_standard_for_a_legacy_secret_and_refuses_bad_ones(
+    admin_client: Client,
+) -> None:
+    channel = ChannelFactory(
+        key="hooks",
+        provider_key="webhook",
+        options={"url": "https://hooks.example.com/x", "secret": "l3gacy-x"},
+    )
+    url = reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk])
+    page = admin_client.get(url).content.decode()
+    assert (
+        "l3gacy-x" not in page and "legacy X-Signature" in page and "Standard Webhooks is recommended" in page
+    )
+    suggestion = re.search(r"whsec_[A-Za-z0-9+/=]{44}", page)
+    assert suggestion is not None
+    options = '{"url": "https://hooks.example.com/x"}'
+    refused = admin_client.post(url, channel_form(channel, options=options, add_secret="not-whsec"))
+    assert "add_secret" in refused.context["adminform"].form.errors
+    refused = admin_client.post(url, channel_form(channel, options=options, secret="whsec_short"))
+    assert "secret" in refused.context["adminform"].form.errors
+    in_options = admin_client.post(
+        url, channel_form(channel, options='{"url": "https://a.example", "secrets": []}')
+    )
+    assert "options" in in_options.context["adminform"].form.errors
+    accepted = admin_client.post(url, channel_form(channel, options=options, add_secret=suggestion.group(0)))
+    assert accepted.status_code == 302
+    channel.refresh_from_db()
+    assert channel.options["secrets"] == [suggestion.group(0)] and channel.options["secret"] == "l3gacy-x"

@@ -75,3 +75,12 @@ def test_event_values_are_masked_by_key_and_kept_by_type() -> None:
     assert (event["attempt"], event["duration_ms"], event["tenant_id"]) == (2, 20.5, None)
     assert "ana@example.com" not in event["recipient"]
     assert "ana@example.com" not in event["note"]
+
+
+def test_webhook_signing_secrets_are_masked_in_logged_options() -> None:
+    secret = "whsec_" + "A" * 20 + "b3" * 12
+    logged = nr_logging.mask_value(
+        {"url": "https://hooks.example.com/x", "secret": secret, "secrets": [secret]}
+    )
+    assert secret not in repr(logged)
+    assert logged["secrets"] == nr_logging.MASK and logged["secret"] == nr_logging.MASK
