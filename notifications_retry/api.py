@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -34,6 +35,7 @@ from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.create import create_pending
 from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
+from notifications_retry.evidence import NO_ANSWER, evidence_of
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
 from notifications_retry.outcomes import Failure, failure_of
@@ -304,11 +306,12 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
     failure: Failure | None = None
     message_id: str | None = None
     provider = get_provider_class(channel.provider_key)(channel.settings())
+    started = time.monotonic()
     try:
         result = _call_once(provider, OutgoingMessage.of(record, channel.key))
-        message_id = result.provider_message_id
+        message_id, evidence = result.provider_message_id, result.evidence or NO_ANSWER
     except Exception as exc:
-        failure = failure_of(exc)
+        failure, evidence = failure_of(exc), evidence_of(exc)
     finally:
         provider.close()
     settle_leased(
@@ -318,6 +321,8 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
         provider_message_id=message_id,
         now=clock.now(),
         rng=rng or random.Random(),
+        evidence=evidence,
+        duration_ms=(time.monotonic() - started) * 1000,
     )
     return NotificationEntity.objects.get(pk=record.id)
 

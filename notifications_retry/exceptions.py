@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from notifications_retry.evidence import Evidence
+
 
 class NotificationsRetryError(Exception):
     """Base of every error this app raises."""
@@ -19,6 +24,8 @@ class ProviderError(NotificationsRetryError):
 
     retriable: bool = True
     default_kind: str = "provider_error"
+    #: The answer behind the failure, when the provider got one (notifications_retry.evidence).
+    evidence: Evidence | None = None
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from notifications_retry import bounds
+from notifications_retry.evidence import Evidence
 from notifications_retry.exceptions import ProviderError
 from notifications_retry.retry import BackoffPolicy, next_attempt_at
 
@@ -112,6 +113,10 @@ class Outcome:
     ambiguous: bool = True
     #: The channel whose provider delivered it, when not the record's own (a failover).
     delivered_by: str | None = None
+    #: The provider call's answer; None when no provider was called (expired, budget spent, cancelled).
+    evidence: Evidence | None = None
+    #: What started the attempt (evidence.TRIGGERS); None: finalize reads it from the row.
+    trigger: str | None = None
 
     @property
     def emits_event(self) -> bool:
@@ -220,6 +225,8 @@ def outcome_of(
     provider_message_id: str | None = None,
     duration_ms: float = 0.0,
     delivered_by: str | None = None,
+    evidence: Evidence | None = None,
+    trigger: str | None = None,
 ) -> Outcome:
     """The outcome to apply for ``record`` once :func:`decide` has spoken."""
     return Outcome(
@@ -234,6 +241,8 @@ def outcome_of(
         retriable=failure.retriable if failure else False,
         ambiguous=failure.ambiguous if failure else True,
         delivered_by=delivered_by,
+        evidence=evidence,
+        trigger=trigger,
     )
 
 

@@ -9,12 +9,15 @@ from typing import Any, cast
 
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Field, Model, QuerySet
+from django.db.models import CharField, Count, Field, Model, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from notifications_retry.models import NotificationEntity, NotificationQuerySet
+
+from .timeline import STATUS_CLASSES
 
 # Facet counts scan the whole table per filter: never on a queue table (ShowFacets is Django 5.0+).
 NEVER_FACETS: Any = getattr(getattr(admin, "ShowFacets", None), "NEVER", None)
@@ -114,6 +117,31 @@ class ErrorKindFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(error_kind=value) if value else queryset
+
+
+class StatusClassFilter(admin.SimpleListFilter):
+    """The last attempt's answer by class: what a dead letter's endpoint said (401 or timed out?)."""
+
+    title = "last answer"
+    parameter_name = "answer"
+    # The last attempt_log entry's status code, as text (NULL: no answer, no provider call, no attempt).
+    _LAST_STATUS = RawSQL(
+        f"({NotificationEntity._meta.db_table}.attempt_log -> -1 ->> 'status_code')",
+        (),
+        output_field=CharField(),
+    )
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(c, "no answer" if c == "none" else c) for c in STATUS_CLASSES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value not in STATUS_CLASSES:
+            return queryset
+        rows = queryset.alias(last_status=self._LAST_STATUS)
+        if value == "none":
+            return cast("QuerySet[Any]", rows.filter(last_status__isnull=True))
+        return cast("QuerySet[Any]", rows.filter(last_status__regex=rf"^{value[0]}\d\d$"))
 
 
 class TenantFilter(admin.SimpleListFilter):

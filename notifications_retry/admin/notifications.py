@@ -27,9 +27,11 @@ from .filters import (
     ErrorKindFilter,
     QueueStateFilter,
     ResolutionFilter,
+    StatusClassFilter,
     TenantFilter,
 )
 from .recovery import start_url_for_list
+from .timeline import timeline
 from .triage_actions import TriageActions
 
 VIEW_RECIPIENT_PERM = f"{NotificationEntity._meta.app_label}.view_recipient"
@@ -57,6 +59,7 @@ class NotificationEntityAdmin(TriageActions):
         ResolutionFilter,
         QueueStateFilter,
         "channel",
+        StatusClassFilter,
         ErrorKindFilter,
         TenantFilter,
         "priority",
@@ -214,20 +217,9 @@ class NotificationEntityAdmin(TriageActions):
         # decode must not break the list or the detail page.
         return super().get_queryset(request).defer("payload")
 
-    @admin.display(description="attempt history")
+    @admin.display(description="attempt timeline")
     def attempt_history(self, obj: NotificationEntity) -> SafeString | str:
-        entries = [
-            {**e, "at": display.timestamp(e.get("at"))}
-            for e in (obj.attempt_log or [])
-            if isinstance(e, dict)
-        ]
-        # The attempt count and the history must agree: attempts of this generation that left no entry
-        # (rows written by hand, a crash mid-send) are said, not silently missing.
-        logged = sum(1 for e in entries if e.get("generation", 0) == obj.requeue_count)
-        unlogged = max(0, obj.attempts - logged)
-        if not entries and not unlogged:
-            return "No attempts recorded."
-        return display.fragment("attempt_history", entries=entries, unlogged=unlogged, attempts=obj.attempts)
+        return timeline(obj.attempt_log, attempts=obj.attempts, requeue_count=obj.requeue_count)
 
     @admin.display(description="triage log")
     def triage_log(self, obj: NotificationEntity) -> SafeString | str:
@@ -261,7 +253,7 @@ class NotificationEntityAdmin(TriageActions):
             ("Delivery", {"fields": self.delivery_fields}),
             ("Failure", {"fields": self.failure_fields}),
             ("Payload", {"fields": ("payload_display",)}),
-            ("Attempt history", {"fields": ("attempt_history",)}),
+            ("Attempts", {"fields": ("attempt_history",)}),
             ("Triage log", {"fields": ("triage_log",)}),
             ("Outbox events", {"fields": ("outbox_events",)}),
         ]

@@ -98,11 +98,14 @@ SET status = v.status,
     expires_at = CASE WHEN t.expires_at < '0001-01-02 00:00+00' THEN '0001-01-02 00:00+00'::timestamptz
                       WHEN t.expires_at > '9999-12-30 00:00+00' THEN '9999-12-30 00:00+00'::timestamptz
                       ELSE t.expires_at END,
-    attempt_log = t.attempt_log || jsonb_build_array(v.log_entry)
+    -- The attempt's trigger: the outcome's own (a hand-off), else what a requeue left on the row.
+    attempt_log = t.attempt_log || jsonb_build_array(
+        v.log_entry || jsonb_build_object('trigger', COALESCE(v.trigger, t.next_trigger, 'scheduled'))),
+    next_trigger = NULL
 FROM jsonb_to_recordset(%(rows)s::jsonb)
      AS v(id uuid, token uuid, status text, attempts int, next_attempt_at timestamptz,
           provider_message_id text, last_error text, error_kind text, dead_lettered_at timestamptz,
-          dead_letter_reason text, log_entry jsonb),
+          dead_letter_reason text, log_entry jsonb, trigger text),
      {_CHANNEL} c
 WHERE t.id = v.id AND (NOT %(guarded)s OR t.claim_token = v.token) AND c.id = t.channel_id
 RETURNING t.id, t.tenant_id, t.attempts, t.requeue_count, c.key
@@ -140,6 +143,7 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                 "error_kind": "" if sent else o.error_kind,
                 "dead_lettered_at": at if terminal else None,
                 "dead_letter_reason": f"{o.error_kind}: {error}" if terminal else "",
+                "trigger": o.trigger,
                 "log_entry": {
                     "attempt": o.record.attempts,
                     "at": at,
@@ -152,6 +156,8 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                     **({"error": error[:300]} if error else {}),
                     # A failover: the fallback channel whose provider delivered this attempt.
                     **({"delivered_by": o.delivered_by} if o.delivered_by else {}),
+                    # A provider call's answer (SPEC §5); an outcome decided without a call has none.
+                    **(o.evidence.log_fields() if o.evidence is not None else {}),
                 },
             }
         )

@@ -20,6 +20,7 @@ from django.db import transaction
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.channel_rules import backoff_policy, lease_seconds
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
+from notifications_retry.evidence import HANDOFF, Evidence
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.outcomes import ClaimedRecord, Failure, Outcome, attempt_budget, decide, outcome_of
@@ -66,6 +67,8 @@ def _decided(
     provider_message_id: str | None,
     now: datetime,
     rng: random.Random,
+    evidence: Evidence | None = None,
+    duration_ms: float = 0.0,
 ) -> Outcome:
     conf = get_settings()
     budget = attempt_budget(
@@ -73,7 +76,15 @@ def _decided(
     )
     policy = backoff_policy(channel, conf.JITTER_RATIO)
     decision = decide(failure, attempts=record.attempts, budget=budget, now=now, policy=policy, rng=rng)
-    return outcome_of(record, decision, failure=failure, provider_message_id=provider_message_id)
+    return outcome_of(
+        record,
+        decision,
+        failure=failure,
+        provider_message_id=provider_message_id,
+        trigger=HANDOFF,
+        evidence=evidence,
+        duration_ms=duration_ms,
+    )
 
 
 def record_attempt(
@@ -116,9 +127,11 @@ def settle_leased(
     provider_message_id: str | None,
     now: datetime,
     rng: random.Random,
+    evidence: Evidence | None = None,
+    duration_ms: float = 0.0,
 ) -> Outcome:
     """Apply the outcome of a send of a row leased by :func:`lease_fresh`, under its token."""
-    outcome = _decided(record, channel, failure, provider_message_id, now, rng)
+    outcome = _decided(record, channel, failure, provider_message_id, now, rng, evidence, duration_ms)
     report = finalize([outcome], now)
     if not report.applied:
         raise InvalidTransition(

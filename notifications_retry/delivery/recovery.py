@@ -25,6 +25,7 @@ from django.db.models import Q
 
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
+from notifications_retry.evidence import REPLAY
 from notifications_retry.exceptions import NotificationsRetryError
 from notifications_retry.models import RecoveryJob
 from notifications_retry.recovery_filter import RecoveryFilter
@@ -119,7 +120,9 @@ def run_chunk(job_id: int, *, chunk_size: int = CHUNK_SIZE, clock: Clock | None 
             log.info("recovery-job-done", job=job.pk, done=job.done, failed=job.failed)
             return ChunkReport(0, 0, job.state)
         reason = f"recovery job #{job.pk}" + (f": {job.reason}" if job.reason else "")
-        result = triage.requeue([pk for pk, _ in batch], actor=job.started_by, reason=reason, now=now)
+        result = triage.requeue(
+            [pk for pk, _ in batch], actor=job.started_by, reason=reason, now=now, trigger=REPLAY
+        )
         refusals = Counter(job.refusals)
         refusals.update(result.refused.values())
         job.done += len(result.done)

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from notifications_retry.evidence import MANUAL, REPLAY
 from notifications_retry.models import (
     CANCELLED_ERROR_KIND,
     DeadLetterAction,
@@ -70,9 +71,20 @@ def _discard_refusal(row: NotificationEntity) -> str:
 
 
 def requeue(
-    ids: Iterable[uuid.UUID | str], *, actor: str, reason: str = "", now: datetime | None = None
+    ids: Iterable[uuid.UUID | str],
+    *,
+    actor: str,
+    reason: str = "",
+    now: datetime | None = None,
+    trigger: str = MANUAL,
 ) -> TriageResult:
-    """Give dead letters a fresh attempt budget, due now; same NotificationId, audited."""
+    """Give dead letters a fresh attempt budget, due now; same NotificationId, audited.
+
+    ``trigger`` names, in the next attempt's log entry, what started it: ``manual`` (an operator) or
+    ``replay`` (a recovery job).
+    """
+    if trigger not in (MANUAL, REPLAY):
+        raise ValueError(f"a requeue's trigger is {MANUAL!r} or {REPLAY!r}, not {trigger!r}")
     now = now or timezone.now()
     result = TriageResult()
     with transaction.atomic():
@@ -100,6 +112,7 @@ def requeue(
             resolution="",
             resolved_at=None,
             next_attempt_at=now,
+            next_trigger=trigger,
             updated_at=now,
         )
         result.done.extend(row.pk for row in chosen)

@@ -17,6 +17,7 @@ from typing import Any
 from notifications_retry.clock import Clock
 from notifications_retry.deadlines import deadline
 from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.evidence import NO_ANSWER, Evidence, evidence_of
 from notifications_retry.observability import tracing
 from notifications_retry.outcomes import (
     INVALID_RECIPIENT,
@@ -67,7 +68,14 @@ class Executor:
 
     # -- outcomes ------------------------------------------------------------------------------
 
-    def failed(self, rt: ChannelRuntime, record: ClaimedRecord, failure: Failure, started: float) -> Outcome:
+    def failed(
+        self,
+        rt: ChannelRuntime,
+        record: ClaimedRecord,
+        failure: Failure,
+        started: float,
+        evidence: Evidence | None = None,
+    ) -> Outcome:
         """The outcome of an attempt that ended with ``failure``, as :func:`decide` rules."""
         budget = attempt_budget(
             rt.config.max_attempts, rt.config.key, record.notification_type, self.attempts_by_type
@@ -80,19 +88,23 @@ class Executor:
             policy=rt.policy,
             rng=self.rng,
         )
-        return outcome_of(record, decision, failure=failure, duration_ms=self._ms(started))
+        return outcome_of(record, decision, failure=failure, duration_ms=self._ms(started), evidence=evidence)
 
     def sent(self, record: ClaimedRecord, result: SendResult, started: float) -> Outcome:
         # A delivery needs no decision (decide(None, ...) is always SENT): skipped on the hot path.
         return Outcome(
-            record, SENT, provider_message_id=result.provider_message_id, duration_ms=self._ms(started)
+            record,
+            SENT,
+            provider_message_id=result.provider_message_id,
+            duration_ms=self._ms(started),
+            evidence=result.evidence or NO_ANSWER,
         )
 
     def raised(
         self, rt: ChannelRuntime, record: ClaimedRecord, exc: BaseException, started: float
     ) -> Outcome:
         """Classify what a provider call raised (SPEC §5): its error's kind, else a retriable crash."""
-        return self.failed(rt, record, failure_of(exc), started)
+        return self.failed(rt, record, failure_of(exc), started, evidence_of(exc))
 
     def _ms(self, started: float) -> float:
         return (self.monotonic() - started) * 1000
@@ -160,7 +172,8 @@ class Executor:
         except Exception as exc:
             if watchdog is not None and watchdog.expired():
                 timeout = f"provider did not return within {rt.config.timeout_seconds:g}s"
-                return self.failed(rt, record, Failure(TIMEOUT, timeout, retriable=True), started)
+                failure = Failure(TIMEOUT, timeout, retriable=True)
+                return self.failed(rt, record, failure, started, NO_ANSWER)
             return self.raised(rt, record, exc, started)
         return self.sent(record, result, started)
 

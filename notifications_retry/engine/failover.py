@@ -144,6 +144,7 @@ class Failover:
                 provider_message_id=answer.provider_message_id,
                 duration_ms=duration_ms,
                 delivered_by=fallback.key,
+                evidence=answer.evidence,
             )
         else:
             # The primary's decision stands (its budget, its backoff); the fallback's error is kept beside it.

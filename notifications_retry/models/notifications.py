@@ -110,6 +110,10 @@ class NotificationEntity(models.Model):
     resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True, default="")
     resolved_at = models.DateTimeField(null=True, blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
+    # What starts the next attempt when it is not the worker's schedule: "manual" (an operator's
+    # requeue) or "replay" (a recovery job's). Finalize writes it into that attempt's log entry and
+    # clears it. NULL rather than "": a NULL column costs no byte in the row.
+    next_trigger = models.CharField(max_length=8, null=True, blank=True, editable=False)  # noqa: DJ001
     correlation_id = models.CharField(
         max_length=bounds.CORRELATION_ID_MAX_LENGTH,
         blank=True,

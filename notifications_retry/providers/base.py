@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from notifications_retry.channel_settings import ChannelSettings as ChannelSettings
+from notifications_retry.evidence import Evidence
 from notifications_retry.outcomes import ClaimedRecord
 
 
@@ -44,6 +45,8 @@ class SendResult:
     """A delivered message; ``provider_message_id`` is what the provider calls it."""
 
     provider_message_id: str | None
+    #: The answer (status, address) when the provider reports one; an attempt_log entry keeps it.
+    evidence: Evidence | None = None
 
 
 class Provider:

@@ -28,6 +28,7 @@ from django.utils.module_loading import import_string
 from ..exceptions import PermanentProviderError, ProviderError
 from . import email_errors
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
+from .email_evidence import failure_evidence, sent_evidence, smtp_peer
 from .email_message import InvalidEmailPayload, build_message
 
 OPTION_KEYS = frozenset({"backend", "backend_options", "from_email", "message_id_domain"})
@@ -94,13 +95,18 @@ class DjangoEmailProvider(Provider):
         backend = self._backend()
         phase: email_errors.Phase = "connect"
         failed = True
+        peer: str | None = None
         try:
             backend.open()
             phase = "send"
+            peer = smtp_peer(backend)  # read while the connection is open: the attempt's evidence
             sent = backend.send_messages([email])
             failed = False
         except Exception as exc:
-            raise email_errors.classify(exc, phase) from exc
+            error = email_errors.classify(exc, phase)
+            if error.evidence is None:
+                error.evidence = failure_evidence(exc, peer, message)
+            raise error from exc
         finally:
             _close(backend, failed)
         if not sent:
@@ -108,7 +114,9 @@ class DjangoEmailProvider(Provider):
             raise PermanentProviderError(
                 "the email backend declined to send the message", kind="not_sent", ambiguous=False
             )
-        return SendResult(provider_message_id=_provider_message_id(email))
+        return SendResult(
+            provider_message_id=_provider_message_id(email), evidence=sent_evidence(email, peer)
+        )
 
     def _backend(self) -> BaseEmailBackend:
         try:

@@ -138,6 +138,8 @@ class Response:
     headers: Mapping[str, str]
     body: bytes
     truncated: bool = False
+    #: The IP address the answer came from (the connection's peer), when the transport tells it.
+    remote_addr: str | None = None
 
 
 def check_header(name: str, value: str) -> None:
@@ -321,6 +323,7 @@ class HttpClient:
         async with session.request(
             method, self._url, data=body, headers=dict(headers), allow_redirects=False
         ) as response:
+            remote_addr = _peer(response)
             data = bytearray()
             room = self.max_body + 1  # one byte more than kept tells a cut answer from a full one
             while len(data) < room:
@@ -332,7 +335,24 @@ class HttpClient:
             if truncated:
                 # Enough of an answer that should be short: drop the connection rather than read on.
                 response.close()
-            return Response(response.status, response.headers, bytes(data[: self.max_body]), truncated)
+            return Response(
+                response.status, response.headers, bytes(data[: self.max_body]), truncated, remote_addr
+            )
+
+
+def _peer(response: aiohttp.ClientResponse) -> str | None:
+    """The address of the connection an answer came on.
+
+    A short answer arrives whole with its headers, and aiohttp hands the connection back to the pool
+    before the caller sees the response (``response.connection`` is then None); the protocol the
+    response was read from still holds the transport. aiohttp has no public name for it, hence the
+    guarded attribute (tests/integration/test_attempt_evidence.py fails should it go away).
+    """
+    connection = response.connection
+    protocol = connection.protocol if connection is not None else getattr(response, "_protocol", None)
+    transport = getattr(protocol, "transport", None)
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return str(peer[0]) if peer else None
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -13,11 +14,12 @@ from django.conf import settings as django_settings
 
 from .. import url_policy
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
+from ..evidence import Evidence, excerpt
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from ..retry import retry_after_seconds
 from ..version import __version__
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
-from .http_client import HttpClient, NeverConnected, TransportError, check_header, run_sync
+from .http_client import HttpClient, NeverConnected, Response, TransportError, check_header, run_sync
 from .webhook_signing import Signer, secret_problems
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
@@ -210,6 +212,12 @@ class WebhookProvider(Provider):
             headers += self.signer.headers(msg_id, int(self.wall_clock()), body)
         return headers, body
 
+    def _evidence(self, response: Response, message: OutgoingMessage) -> Evidence:
+        """A refused answer's evidence: its status, where it came from, and its masked excerpt."""
+        hidden = [*self.signer.secrets, *self.extra_headers.values()]
+        text = excerpt(response.body, recipient=message.recipient, payload=message.payload, secrets=hidden)
+        return Evidence(response.status, text, response.remote_addr)
+
     def _check_url(self) -> None:
         """The URL policy, on every send: a channel made in code is held to it as the admin's are."""
         allowed = _policy_settings()[0]
@@ -264,7 +272,14 @@ class WebhookProvider(Provider):
                 raise error(
                     f"webhook {exc.kind} failure: {exc}", kind=exc.kind, ambiguous=not unsent
                 ) from exc
-            return classify_response(response.status, response.headers, response.body)
+            try:
+                result = classify_response(response.status, response.headers, response.body)
+            except ProviderError as exc:
+                exc.evidence = self._evidence(response, message)
+                raise
+            # A 2xx answer's body is not kept (its id is the provider message id): the hot path
+            # writes a few bytes of evidence and masks nothing.
+            return dataclasses.replace(result, evidence=Evidence(response.status, "", response.remote_addr))
         except ProviderError:
             raise
         except Exception as exc:

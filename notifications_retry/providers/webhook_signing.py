@@ -117,8 +117,11 @@ def masked(secret: str) -> str:
 class Signer:
     """Signs request bodies with a channel's secrets; keys decoded once, when the channel is loaded."""
 
-    keys: tuple[bytes, ...] = ()
-    legacy: bytes | None = None
+    # No field is ever shown (repr=False): a logged provider must not print its keys.
+    keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
+    legacy: bytes | None = dataclasses.field(default=None, repr=False)
+    #: The secrets as configured: an answer's excerpt has them cut out should a receiver echo one.
+    secrets: tuple[str, ...] = dataclasses.field(default=(), repr=False)
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> Signer:
@@ -130,7 +133,7 @@ class Signer:
                 keys.append(_key(secret))
             elif legacy is None:
                 legacy = secret.encode()
-        return cls(tuple(keys), legacy)
+        return cls(tuple(keys), legacy, tuple(stored_secrets(options)))
 
     @property
     def signs(self) -> bool:

@@ -65,6 +65,8 @@ def screenshot_dir(tmp_path: Path) -> Path:
         "admin-detail.png",
         "admin-channels.png",
         "admin-channel-form.png",
+        "admin-dead-letter-filters.png",
+        "admin-attempt-timeline.png",
     )
     if os.environ.get("NR_UPDATE_SCREENSHOTS") == "1" or not all((DOCS_IMG / n).exists() for n in names):
         DOCS_IMG.mkdir(parents=True, exist_ok=True)

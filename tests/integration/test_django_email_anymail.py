@@ -124,3 +124,23 @@ def test_postmark_errors_say_whether_they_are_ambiguous(webhook_server):
     with pytest.raises(RetryableProviderError) as refused:
         provider(options).send(outgoing())
     assert (refused.value.kind, refused.value.ambiguous) == ("connection", False)
+
+
+@pytest.mark.django_db
+def test_esp_answers_fill_the_attempt_evidence(clock, webhook_server):
+    webhook_server.responder = lambda r: Reply(
+        422, {"ErrorCode": 300, "Message": "Invalid 'To' address: 'ann@example.com'."}
+    )
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    (entry,) = row.attempt_log
+    assert entry["status_code"] == 422 and entry["trigger"] == "scheduled"
+    assert "Invalid 'To' address" in entry["response_excerpt"]
+    assert "ann@example.com" not in entry["response_excerpt"]
+
+
+@pytest.mark.django_db
+def test_an_esp_delivery_keeps_its_http_status(clock, webhook_server):
+    webhook_server.responder = postmark_ok
+    row = tick_one(clock, postmark_options(webhook_server), "ann@example.com")
+    (entry,) = row.attempt_log
+    assert (entry["status_code"], entry["response_excerpt"]) == (200, "")

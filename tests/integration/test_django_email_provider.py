@@ -337,3 +337,31 @@ def test_without_a_backend_option_the_projects_email_backend_sends(settings):
     assert sent.from_email == "noreply@shop.example" and sent.to == ["ann@example.com"]
     assert sent.extra_headers["X-Notification-Id"] == str(message.notification_id)
     assert result.provider_message_id == message_id(message.notification_id, "shop.example")
+
+
+# --- evidence per attempt -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_smtp_refusal_keeps_its_reply_code_enhanced_status_and_server_address(clock, smtp_server):
+    row = tick_one(clock, smtp_options(smtp_server), "r550@example.com")
+    (entry,) = row.attempt_log
+    assert entry["status_code"] == 550 and entry["remote_addr"] == "127.0.0.1"
+    assert enhanced_status(entry["response_excerpt"]) == REPLIES[550].split()[1]
+    assert "r550@example.com" not in entry["response_excerpt"]
+
+
+@pytest.mark.django_db
+def test_an_accepted_mail_records_the_250(clock, smtp_server):
+    row = tick_one(clock, smtp_options(smtp_server), "ann@example.com")
+    (entry,) = row.attempt_log
+    assert (entry["status_code"], entry["remote_addr"], entry["response_excerpt"]) == (250, "127.0.0.1", "")
+
+
+@pytest.mark.django_db
+def test_a_refused_connection_has_no_reply(clock):
+    port = free_port()
+    options = {"backend": SMTP_BACKEND, "backend_options": {"host": "127.0.0.1", "port": port}}
+    row = tick_one(clock, options, "ann@example.com")
+    (entry,) = row.attempt_log
+    assert (entry["status_code"], entry["remote_addr"]) == (None, None)

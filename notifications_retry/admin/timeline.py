@@ -1,0 +1,66 @@
+"""The attempt timeline of a notification's page: each attempt's answer, evidence and trigger, in order.
+
+Reads ``attempt_log`` as finalize writes it (SPEC §5). Entries older than the evidence fields lack
+them and show as such; nothing here trusts an entry's shape (the log is JSON any hand may have edited).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.safestring import SafeString
+
+from .display import fragment, timestamp
+
+#: The status classes the timeline colours and the dead-letter filter offers.
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
+
+
+def status_class(code: Any) -> str:
+    """``2xx`` … ``5xx`` for an HTTP or SMTP reply code (SMTP's 250/4xx/5xx read alike), else ``none``."""
+    if isinstance(code, int) and not isinstance(code, bool) and 200 <= code < 600:
+        return f"{code // 100}xx"
+    return "none"
+
+
+def _row(entry: dict[str, Any], previous_generation: int | None) -> dict[str, Any]:
+    called = "status_code" in entry
+    code = entry.get("status_code")
+    duration = entry.get("duration_ms")
+    generation = entry.get("generation") or 0
+    return {
+        "attempt": entry.get("attempt"),
+        "generation": generation,
+        # A requeue starts a new run: the timeline marks where.
+        "new_run": previous_generation is not None and generation != previous_generation,
+        "at": timestamp(entry.get("at")),
+        "outcome": entry.get("outcome", ""),
+        "trigger": entry.get("trigger", ""),
+        "called": called,
+        "status_code": code,
+        "status_class": status_class(code) if called else "",
+        "duration": f"{duration:,.0f} ms" if isinstance(duration, int | float) else "",
+        "remote_addr": entry.get("remote_addr") or "",
+        "error_kind": entry.get("error_kind", ""),
+        "error": entry.get("error", ""),
+        "excerpt": entry.get("response_excerpt") or "",
+        "delivered_by": entry.get("delivered_by", ""),
+    }
+
+
+def timeline(attempt_log: Any, *, attempts: int = 0, requeue_count: int = 0) -> SafeString | str:
+    """The timeline fragment, newest attempt last; a plain sentence when there is nothing to show.
+
+    The attempt count and the timeline must agree: attempts of this generation that left no entry (rows
+    written by hand, a crash mid-send) are said, not silently missing.
+    """
+    entries = [e for e in (attempt_log or []) if isinstance(e, dict)] if isinstance(attempt_log, list) else []
+    logged = sum(1 for e in entries if (e.get("generation") or 0) == requeue_count)
+    unlogged = max(0, attempts - logged)
+    if not entries and not unlogged:
+        return "No attempts recorded."
+    rows, previous = [], None
+    for entry in entries:
+        rows.append(_row(entry, previous))
+        previous = rows[-1]["generation"]
+    return fragment("attempt_timeline", rows=rows, unlogged=unlogged, attempts=attempts)
