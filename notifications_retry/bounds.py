@@ -117,6 +117,12 @@ SETTINGS: dict[str, Bound] = {
     "MAX_PAYLOAD_BYTES": Bound(1_024, 16 * 1024 * 1024, integer=True),
     # Python's json and PostgreSQL's jsonb recurse per level: far below either's limit.
     "MAX_PAYLOAD_DEPTH": Bound(1, 256, integer=True),
+    # At least an hour of window (24 buckets of 150 s), at most 30 days.
+    "HEALTH_WINDOW_SECONDS": Bound(3_600, 30 * _DAY, integer=True),
+    "HEALTH_WARN_RATIO": Bound(0, 1, low_open=True),
+    "HEALTH_DISABLE_RATIO": Bound(0, 1, low_open=True),
+    "HEALTH_MIN_ATTEMPTS": Bound(1, 1_000_000, integer=True),
+    "HEALTH_REENABLE_COOLDOWN_SECONDS": Bound(0, 30 * _DAY, integer=True),
 }
 #: ``METRICS_PORT`` (when not None) and every value of ``ATTEMPTS_BY_TYPE``.
 METRICS_PORT = Bound(0, 65_535, integer=True)

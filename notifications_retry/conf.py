@@ -64,6 +64,12 @@ class RetrySettings:
     # Suppression reason -> days a suppression lasts after its last report; a reason not named never
     # expires (docs/suppression.md).
     SUPPRESSION_RETENTION_DAYS: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Endpoint health (docs/operations.md#endpoint-health): the defaults are argued there.
+    HEALTH_WINDOW_SECONDS: int = 86_400
+    HEALTH_WARN_RATIO: float = 0.8
+    HEALTH_DISABLE_RATIO: float = 0.95
+    HEALTH_MIN_ATTEMPTS: int = 50
+    HEALTH_REENABLE_COOLDOWN_SECONDS: int = 3600
     # What the public API accepts (docs/settings.md#what-the-api-accepts).
     MAX_PAYLOAD_BYTES: int = bounds.DEFAULT_MAX_PAYLOAD_BYTES
     MAX_PAYLOAD_DEPTH: int = bounds.DEFAULT_MAX_PAYLOAD_DEPTH

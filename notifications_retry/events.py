@@ -96,3 +96,14 @@ def schema() -> dict[str, Any]:
     text = resources.files("notifications_retry").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
     loaded: dict[str, Any] = json.loads(text)
     return loaded
+
+
+HEALTH_SCHEMA_RESOURCE = "schemas/channel_health.v1.json"
+
+
+@functools.cache
+def health_schema() -> dict[str, Any]:
+    """The JSON Schema of a published ``pin.notifications.channel-health.v1`` event."""
+    text = resources.files("notifications_retry").joinpath(HEALTH_SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -13,19 +13,17 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from notifications_retry.health_rules import DISABLED
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers import webhook_signing
 from notifications_retry.url_policy import resolved_beforehand, webhook_url_problems
 
 from . import display
+from .channel_health import REENABLE_HINT, ChannelHealthAdmin, refuse_silent_reenable
 from .display import format_age, fragment
-
-if TYPE_CHECKING:
-    ChannelAdminBase = admin.ModelAdmin[ChannelConfig]
-else:
-    ChannelAdminBase = admin.ModelAdmin
 
 
 class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -135,6 +133,10 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        try:
+            refuse_silent_reenable(self.instance, data)
+        except ValidationError as exc:
+            self.add_error(None, exc)
         if "options" not in data:
             return data
         options = dict(data["options"])
@@ -176,20 +178,30 @@ def _suggested_secret() -> str:
 
 
 @admin.register(ChannelConfig)
-class ChannelConfigAdmin(ChannelAdminBase):
+class ChannelConfigAdmin(ChannelHealthAdmin):
     form = ChannelConfigForm
     # Whether each channel can send comes second, so a broken one shows on a 1,440 px screen; the limits
     # are summarised in two columns (each field is on the edit page).
+    # The "configuration" column also shows the endpoint's health when it is not ok (7 columns fit).
     list_display = ("key", "health", "is_enabled", "provider_key", "retries", "limits", "secret_display")
     list_display_links = ("key",)
     list_editable = ("is_enabled",)
     list_filter = ("is_enabled", "provider_key", "retry_backoff")
     search_fields = ("key", "provider_key")
-    readonly_fields = ("problems_display", "created_at_display", "updated_at_display")
+    readonly_fields = (
+        "problems_display",
+        "endpoint_health",
+        "health_reason",
+        "health_changed_at_display",
+        "health_log_display",
+        "created_at_display",
+        "updated_at_display",
+    )
     # The admin's one timestamp format, with its zone (not Django's DATETIME_FORMAT).
     created_at_display = display.timestamp_display("created_at", "created at")
     updated_at_display = display.timestamp_display("updated_at", "updated at")
-    actions = ("enable_channels", "disable_channels")
+    health_changed_at_display = display.timestamp_display("health_changed_at", "health changed at")
+    actions = ("enable_channels", "disable_channels", "reenable_channels")
     fieldsets = (
         (None, {"fields": ("key", "is_enabled", "provider_key", "problems_display")}),
         (
@@ -199,6 +211,10 @@ class ChannelConfigAdmin(ChannelAdminBase):
         ("Limits", {"fields": ("timeout_seconds", "rate_limit_per_second", "max_concurrency")}),
         ("Provider", {"fields": ("options", "secret", "add_secret", "remove_secrets", "clear_secret")}),
         ("Failover", {"fields": ("fallback",)}),
+        (
+            "Endpoint health",
+            {"fields": ("endpoint_health", "health_reason", "health_changed_at_display", "health_log_display")},
+        ),
         ("Dates", {"fields": ("created_at_display", "updated_at_display")}),
     )
 
@@ -229,7 +245,10 @@ class ChannelConfigAdmin(ChannelAdminBase):
 
     @admin.display(description="configuration")
     def health(self, obj: ChannelConfig) -> SafeString:
-        return fragment("channel_health", problems=obj.configuration_problems())
+        configuration = fragment("channel_health", problems=obj.configuration_problems())
+        if obj.health_state == "ok":
+            return configuration
+        return format_html("{}<br>{}", configuration, self.endpoint_health(obj))
 
     @admin.display(description="configuration problems")
     def problems_display(self, obj: ChannelConfig) -> str:
@@ -248,6 +267,10 @@ class ChannelConfigAdmin(ChannelAdminBase):
 
     def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Any], enabled: bool) -> None:
         changed = list(queryset.exclude(is_enabled=enabled))
+        if enabled:
+            for channel in [c for c in changed if c.health_state == DISABLED]:
+                self.message_user(request, f"{channel.key} not enabled: {REENABLE_HINT}.", messages.WARNING)
+            changed = [c for c in changed if c.health_state != DISABLED]
         ChannelConfig.objects.filter(pk__in=[c.pk for c in changed]).update(
             is_enabled=enabled, updated_at=timezone.now()
         )

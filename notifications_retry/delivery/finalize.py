@@ -18,6 +18,7 @@ import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from notifications_retry import events
+from notifications_retry.delivery import health
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
@@ -199,6 +200,11 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                     "rows": json.dumps(event_rows),
                 },
             )
+        # Endpoint health counts these calls in the same transaction (delivery/health.py). Outcomes
+        # settled inside their claim (unguarded) come from inline providers, which have no endpoint:
+        # counting them would only make two claimers' transactions wait on one bucket row.
+        if guarded:
+            health.record(cursor, applied, now)
     return applied
 
 

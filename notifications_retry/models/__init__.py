@@ -12,6 +12,7 @@ helpers).
 from .bookkeeping import BacklogSample, DeadLetterAction, WorkerHeartbeat
 from .channels import ChannelConfig, ChannelConfigQuerySet
 from .constraints import check_constraint, range_constraint
+from .health import CHANNEL_HEALTH_TOPIC, ChannelHealthBucket, ChannelHealthChange, HealthState
 from .notifications import CANCELLED_ERROR_KIND, NotificationEntity, NotificationQuerySet
 from .outbox import CONTRACT_VERSION, DELIVERY_STATUS_TOPIC, DISPATCHED_TOPIC, Outbox
 from .recovery import RecoveryJob
@@ -20,14 +21,18 @@ from .suppression import ALL_CHANNELS, DeliveryStatus, Suppression, SuppressionC
 __all__ = [
     "ALL_CHANNELS",
     "CANCELLED_ERROR_KIND",
+    "CHANNEL_HEALTH_TOPIC",
     "CONTRACT_VERSION",
     "DELIVERY_STATUS_TOPIC",
     "DISPATCHED_TOPIC",
     "BacklogSample",
     "ChannelConfig",
     "ChannelConfigQuerySet",
+    "ChannelHealthBucket",
+    "ChannelHealthChange",
     "DeadLetterAction",
     "DeliveryStatus",
+    "HealthState",
     "NotificationEntity",
     "NotificationQuerySet",
     "Outbox",

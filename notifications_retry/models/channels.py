@@ -61,6 +61,14 @@ class ChannelConfig(models.Model):
         help_text="When this channel's provider refuses an attempt before processing it (connection "
         "refused, 429/503, circuit open), the same attempt goes to this channel's provider. Empty: none.",
     )
+    # Endpoint health (delivery/health.py writes these; docs/operations.md#endpoint-health).
+    health_state = models.CharField(max_length=16, default="ok", editable=False)
+    health_reason = models.TextField(blank=True, default="", editable=False)
+    health_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # A re-enable starts the window afresh: older failures no longer count against the endpoint.
+    health_window_start = models.DateTimeField(null=True, blank=True, editable=False)
+    # How many health changes the channel has had: the generation of its channel-health events.
+    health_changes = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -42,6 +42,11 @@ FAILOVERS = Counter(
 )
 #: The outcome label values of ``notifications_retry_failovers_total``.
 FAILOVER_OUTCOMES = ("sent", "failed")
+CHANNEL_HEALTH_CHANGES = Counter(
+    "notifications_retry_channel_health_changes_total",
+    "Changes of a channel's endpoint health, by the state entered (warning, disabled, ok).",
+    ["channel", "state"],
+)
 FAILED_BACKLOG = Gauge("notifications_failed_backlog_gauge", "Failed records waiting for a retry.")
 DUE_BACKLOG = Gauge("notifications_retry_due_backlog", "Records due now.")
 OLDEST_DUE_AGE = Gauge("notifications_retry_oldest_due_age_seconds", "Age of the oldest due record (lag).")

@@ -68,7 +68,7 @@ def test_a_dead_letter_is_kept_whole_with_its_attempt_history(clock):
 
 def test_requeue_gives_a_fresh_budget_keeps_the_id_and_is_audited(clock, webhook_server):
     refuse = {"on": True}
-    webhook_server.responder = lambda r: Reply(410) if refuse["on"] else Reply(200, {"id": "prov-1"})
+    webhook_server.responder = lambda r: Reply(400) if refuse["on"] else Reply(200, {"id": "prov-1"})
     channel = ChannelFactory(
         key="webhook", provider_key="webhook", options={"url": webhook_server.url}, max_attempts=3
     )

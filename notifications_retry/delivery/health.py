@@ -1,0 +1,223 @@
+"""Endpoint health, written with the outcomes: window counts, automatic state changes, re-enabling.
+
+:func:`record` runs inside finalize's transaction: it adds the batch's provider calls to each
+channel's current bucket (one upsert), and for the channels that failed in the batch, or are in
+``warning``, sums the window and applies what :func:`notifications_retry.health_rules.assess` says. A
+change updates the channel (``disabled`` also sets ``is_enabled`` False: its rows wait, untouched),
+records a :class:`~notifications_retry.models.ChannelHealthChange` and inserts a
+``pin.notifications.channel-health.v1`` outbox event, all in that transaction; the log event, the
+metric and the ``channel_health_changed`` signal follow its commit.
+
+:func:`reenable` is the operator's way back (the admin's action): audited, refused during the
+cooldown after an automatic disable, and it starts the window afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from django.db import transaction
+
+from notifications_retry import health_rules, signals
+from notifications_retry.conf import get_settings
+from notifications_retry.exceptions import InvalidTransition
+from notifications_retry.health_rules import DISABLED, GONE, OK, Thresholds, Transition, Window
+from notifications_retry.models import (
+    CHANNEL_HEALTH_TOPIC,
+    CONTRACT_VERSION,
+    ChannelConfig,
+    ChannelHealthBucket,
+    ChannelHealthChange,
+    Outbox,
+)
+from notifications_retry.observability import metrics
+from notifications_retry.outcomes import SENT, THROTTLED, Outcome
+
+log = structlog.get_logger("notifications_retry.health")
+
+_CHANNEL = ChannelConfig._meta.db_table
+_BUCKET = ChannelHealthBucket._meta.db_table
+
+# Channel ids in ascending order: two finalizes that share channels lock their buckets in one order.
+_UPSERT = f"""
+INSERT INTO {_BUCKET} (channel_id, bucket_start, attempts, failures)
+SELECT v.channel_id, %(start)s, v.attempts, v.failures
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(channel_id bigint, attempts int, failures int)
+ORDER BY v.channel_id
+ON CONFLICT (channel_id, bucket_start) DO UPDATE
+SET attempts = {_BUCKET}.attempts + EXCLUDED.attempts, failures = {_BUCKET}.failures + EXCLUDED.failures
+"""
+
+_WINDOW = f"""
+SELECT c.id, c.health_state, COALESCE(sum(b.attempts), 0), COALESCE(sum(b.failures), 0)
+FROM {_CHANNEL} c
+LEFT JOIN {_BUCKET} b ON b.channel_id = c.id
+     AND b.bucket_start >= GREATEST(%(since)s, COALESCE(c.health_window_start, %(since)s))
+WHERE c.id = ANY(%(ids)s) AND c.health_state <> 'disabled'
+  AND (c.health_state = 'warning' OR c.id = ANY(%(failing)s))
+GROUP BY c.id
+"""
+
+
+def _counts(outcomes: Sequence[Outcome]) -> dict[int, list[int]]:
+    """Per channel: provider calls, failed ones, 410s. Throttling (429) is neither: the endpoint is up
+    and asks to slow down, which the rate limit and the circuit handle. A failover's delivery is left out:
+    the answer was the fallback's."""
+    counts: dict[int, list[int]] = {}
+    for o in outcomes:
+        if o.evidence is None or o.delivered_by or (o.result != SENT and o.error_kind == THROTTLED):
+            continue
+        row = counts.setdefault(o.record.channel_id, [0, 0, 0])
+        row[0] += 1
+        if o.result != SENT:
+            row[1] += 1
+            if o.evidence.status_code == GONE:
+                row[2] += 1
+    return counts
+
+
+def record(cursor: Any, outcomes: Sequence[Outcome], now: datetime) -> None:
+    """Add ``outcomes``' provider calls to the health window, then apply any change (caller's transaction)."""
+    counts = _counts(outcomes)
+    if not counts:
+        return
+    limits = Thresholds.of(get_settings())
+    rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, _) in sorted(counts.items())]
+    cursor.execute(_UPSERT, {"rows": json.dumps(rows), "start": health_rules.bucket_start(now, limits)})
+    failing = [cid for cid, (_, f, _) in counts.items() if f]
+    cursor.execute(
+        _WINDOW,
+        {
+            "since": now - timedelta(seconds=limits.window_seconds),
+            "ids": list(counts),
+            "failing": failing,
+        },
+    )
+    for cid, state, attempts, failures in cursor.fetchall():
+        window = Window(int(attempts), int(failures), gone=counts[cid][2] > 0)
+        transition = health_rules.assess(state, window, limits)
+        if transition is not None:
+            change(cid, state, transition, now, window=window)
+
+
+def change(
+    channel_id: int,
+    expected: str,
+    transition: Transition,
+    now: datetime,
+    *,
+    actor: str = "system",
+    window: Window | None = None,
+) -> ChannelHealthChange | None:
+    """Move a channel from ``expected`` to ``transition.state`` (caller's transaction); None if another
+    writer changed it first (the UPDATE is conditional, so two workers never announce one change twice)."""
+    fields: dict[str, Any] = {
+        "health_state": transition.state,
+        "health_reason": transition.reason,
+        "health_changed_at": now,
+        "updated_at": now,
+    }
+    if transition.state == DISABLED:
+        fields["is_enabled"] = False  # the rows wait, as a disabled channel's always do
+    elif actor != "system":
+        # An operator's re-enable: the window starts afresh.
+        fields.update(is_enabled=True, health_window_start=now)
+    if not ChannelConfig.objects.filter(pk=channel_id, health_state=expected).update(**fields):
+        return None
+    channel = ChannelConfig.objects.only("key", "health_changes").get(pk=channel_id)
+    generation = channel.health_changes + 1
+    ChannelConfig.objects.filter(pk=channel_id).update(health_changes=generation)
+    entry = ChannelHealthChange.objects.create(
+        channel_id=channel_id,
+        state=transition.state,
+        previous_state=expected,
+        reason=transition.reason,
+        actor=actor,
+        attempts=window.attempts if window else None,
+        failure_ratio=round(window.ratio, 4) if window else None,
+        created_at=now,
+    )
+    Outbox(
+        topic=CHANNEL_HEALTH_TOPIC,
+        key=channel.key,
+        contract_version=CONTRACT_VERSION,
+        generation=generation,
+        payload=health_payload(channel.key, entry),
+        created_at=now,
+    ).save()
+    transaction.on_commit(lambda: announce(channel.key, entry))
+    return entry
+
+
+def health_payload(key: str, entry: ChannelHealthChange) -> dict[str, Any]:
+    """The event body (schema: ``schemas/channel_health.v1.json``)."""
+    return {
+        "channel": key,
+        "state": entry.state,
+        "previous_state": entry.previous_state,
+        "reason": entry.reason,
+        "actor": entry.actor,
+        "attempts": entry.attempts,
+        "failure_ratio": entry.failure_ratio,
+        "occurred_at": entry.created_at.isoformat(),
+        "contract_version": CONTRACT_VERSION,
+    }
+
+
+def announce(key: str, entry: ChannelHealthChange) -> None:
+    """After the commit: the log event, the metrics and the operator's signal."""
+    level = log.info if entry.state == OK else log.warning
+    level(
+        "channel-health-changed",
+        channel=key,
+        state=entry.state,
+        previous_state=entry.previous_state,
+        reason=entry.reason,
+        actor=entry.actor,
+        attempts=entry.attempts,
+        failure_ratio=entry.failure_ratio,
+    )
+    metrics.CHANNEL_HEALTH_CHANGES.labels(key, entry.state).inc()
+    signals.channel_health_changed.send(
+        sender=ChannelConfig,
+        channel=key,
+        state=entry.state,
+        previous_state=entry.previous_state,
+        reason=entry.reason,
+        actor=entry.actor,
+        attempts=entry.attempts,
+        failure_ratio=entry.failure_ratio,
+        occurred_at=entry.created_at,
+    )
+
+
+class HealthCooldown(InvalidTransition):
+    """A re-enable asked for during the cooldown after an automatic disable."""
+
+
+def reenable(channel_id: int, *, actor: str, reason: str = "", now: datetime) -> ChannelHealthChange:
+    """Re-enable a channel the health check disabled: audited, not before the cooldown has passed.
+
+    The window starts afresh, so the failures that disabled it no longer count: disabling it again
+    takes ``HEALTH_MIN_ATTEMPTS`` new calls failing past the ratio (or another 410).
+    """
+    limits = Thresholds.of(get_settings())
+    with transaction.atomic():
+        channel = ChannelConfig.objects.select_for_update().get(pk=channel_id)
+        if channel.health_state != DISABLED:
+            raise InvalidTransition(f"channel {channel.key} was not disabled by its health check")
+        wait = health_rules.reenable_wait(channel.health_changed_at, now, limits)
+        if wait > 0:
+            raise HealthCooldown(
+                f"channel {channel.key} was disabled automatically at {channel.health_changed_at:%H:%M:%S} "
+                f"UTC; it may be re-enabled in {int(wait // 60)} min {int(wait % 60)} s "
+                "(HEALTH_REENABLE_COOLDOWN_SECONDS)"
+            )
+        text = f"re-enabled by {actor}" + (f": {reason}" if reason else "")
+        entry = change(channel.pk, DISABLED, Transition(OK, text), now, actor=actor)
+        assert entry is not None  # the row is locked: no one else can have changed it
+        return entry
