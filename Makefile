@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -80,6 +80,15 @@ bench-check: $(VENV)/.installed
 crash-bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.crash $(BENCH_ARGS)
+
+# A webhook signature's cost per request (signing alone, and a whole request), against an unsigned one.
+bench-signing: $(VENV)/.installed
+	$(PY) -m bench.signing $(BENCH_ARGS)
+
+# WAL bytes per failed attempt before and after evidence per attempt, on a throwaway cluster.
+bench-evidence-wal: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	$(PY) -m bench.evidence_wal $(BENCH_ARGS)
 
 # What the schema costs the raw drain (WAL bytes, rows/s): triggers, admin-only indexes, fillfactor.
 schema-costs: $(VENV)/.installed

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 
 from bench.cluster import PrivateCluster
-from bench.db import TABLE, add_rows, channel, connect, conninfo, recreate_database, reset_rows, setup_django
+from bench.db import TABLE, add_rows, channel, connect, conninfo, recreate_database, setup_django
 
 #: The finalize UPDATE before evidence per attempt (its entry had no answer fields and no trigger).
 BEFORE = f"""
@@ -144,15 +144,20 @@ def _round(
         _after(ids[variant], channels[variant], attempt, now, variant)
 
 
-def measure(rows: int, attempts: int) -> None:
+def measure(rows: int, attempts: int, *, own_cluster: bool) -> None:
+    """On a cluster of its own, both with and without full-page writes; on a shared server, as it is
+    (``full_page_writes`` is a server-wide setting: the benchmark never changes another's server)."""
+    if not own_cluster:
+        _measure(rows, attempts)
+        return
     for full_pages in (False, True):
         with psycopg.connect(conninfo(), autocommit=True) as conn:
             conn.execute(f"ALTER SYSTEM SET full_page_writes = {'on' if full_pages else 'off'}")
             conn.execute("SELECT pg_reload_conf()")
         print(
-            "\n## WAL records alone (full_page_writes off)\n"
-            if not full_pages
-            else "\n## With full-page images (full_page_writes on, a CHECKPOINT before each round)\n"
+            "\n## With full-page images (full_page_writes on, a CHECKPOINT before each round)\n"
+            if full_pages
+            else "\n## WAL records alone (full_page_writes off)\n"
         )
         _measure(rows, attempts)
 
@@ -163,7 +168,6 @@ def _measure(rows: int, attempts: int) -> None:
 
     connections.close_all()  # the database is dropped and made anew: no connection may outlive it
     recreate_database()
-    reset_rows()
     channels = {
         v: channel(f"wal-{n}", "webhook", options={"url": "https://hooks.example.com/x"})
         for n, v in enumerate(VARIANTS)
@@ -202,12 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--server", choices=["private", "url"], default="private")
     args = parser.parse_args(argv)
     if args.server == "url":
-        measure(args.rows, args.attempts)
+        measure(args.rows, args.attempts, own_cluster=False)
         return
     cluster = PrivateCluster().start()
     os.environ["DATABASE_URL"] = cluster.url
     try:
-        measure(args.rows, args.attempts)
+        measure(args.rows, args.attempts, own_cluster=True)
     finally:
         cluster.stop()
 

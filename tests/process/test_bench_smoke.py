@@ -136,3 +136,22 @@ def test_recovery_bench_reports_the_drain_with_and_without_the_job(bench_databas
     cells = table_rows(out, ["0 "])
     assert cells, out
     assert len(cells["0 "]) == 7 and all(float(x.replace(",", "")) > 0 for x in cells["0 "][1:]), out
+
+
+def test_evidence_wal_prints_a_row_per_variant(bench_database):
+    out = run_bench("bench.evidence_wal", bench_database, "--rows", "20", "--attempts", "2")
+    rows = [line for line in out.splitlines() if line.startswith("| before") or line.startswith("| after")]
+    assert len(rows) == 4, out
+
+
+def test_signing_prints_the_signing_cost_and_the_whole_request():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.signing", "--requests", "40", "--rounds", "1", "--number", "200"],
+        cwd=REPO_ROOT,
+        env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("| whsec_ x2 (rotation) |") == 2, done.stdout
