@@ -14,7 +14,8 @@ ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.out
 ``decide``), :mod:`.retry` (backoff), :mod:`.events` and :mod:`.event_ids` (the outbox event),
 :mod:`.validation` (input checks), :mod:`.arguments` (the API's other arguments, by type),
 :mod:`.recovery_filter` (a recovery job's filter),
-:mod:`.url_policy` (where a webhook may post), :mod:`.db_rules` (the triggers' SQL),
+:mod:`.url_policy` (where a webhook may post), :mod:`.evidence` (what an attempt's answer left),
+:mod:`.health_rules` (endpoint health, one pure decision), :mod:`.db_rules` (the triggers' SQL),
 :mod:`.channel_settings`, :mod:`.clock`, :mod:`.deadlines` (a call's deadline that a paused process
 does not turn into a timeout), :mod:`.exceptions`, :mod:`.exception_chain`,
 :mod:`.signals`, :mod:`.tcp_settings`, :mod:`.version`, :mod:`.addresses` (recipients as the

@@ -37,6 +37,7 @@ from notifications_retry.delivery.handoff import lease_fresh, record_attempt, se
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
 from notifications_retry.evidence import NO_ANSWER, evidence_of
 from notifications_retry.exceptions import InvalidTransition
+from notifications_retry.observability.excerpts import masked
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
 from notifications_retry.outcomes import Failure, failure_of
 from notifications_retry.providers import OutgoingMessage, Provider, SendResult, get_provider_class
@@ -311,7 +312,8 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
         result = _call_once(provider, OutgoingMessage.of(record, channel.key))
         message_id, evidence = result.provider_message_id, result.evidence or NO_ANSWER
     except Exception as exc:
-        failure, evidence = failure_of(exc), evidence_of(exc)
+        failure = failure_of(exc)
+        evidence = masked(evidence_of(exc), recipient=record.recipient, payload=record.payload)
     finally:
         provider.close()
     settle_leased(

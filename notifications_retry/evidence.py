@@ -5,10 +5,10 @@ or to the :class:`~notifications_retry.exceptions.ProviderError` it raises; the 
 the outcome, and finalize writes it into the attempt's ``attempt_log`` entry (SPEC §5: ``status_code``,
 ``duration_ms``, ``response_excerpt``, ``remote_addr``, ``trigger``).
 
-The excerpt is masked like a log line (this message's recipient and payload texts cut out by value,
-then every email address, phone number, token and URL secret by pattern) and any secret the caller
-names (a channel's signing secrets, its configured header values) cut out by value, then cut to
-:data:`EXCERPT_BYTES` bytes of UTF-8.
+A provider hands over the answer's text as received (:func:`answer_text`: at most a few KiB, the
+channel's own secrets already cut out by value); the caller that builds the outcome (the executor,
+``api.send_now``) masks it like a log line and cuts it to :data:`EXCERPT_BYTES` bytes
+(:func:`notifications_retry.observability.excerpts.masked`), since only it may use the masking code.
 """
 
 from __future__ import annotations
@@ -17,19 +17,18 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from notifications_retry.observability.logging import MASK, redact
-
 __all__ = [
     "EXCERPT_BYTES",
     "HANDOFF",
     "MANUAL",
     "NO_ANSWER",
+    "READ_CHARS",
     "REPLAY",
     "SCHEDULED",
     "TRIGGERS",
     "Evidence",
+    "answer_text",
     "evidence_of",
-    "excerpt",
 ]
 
 #: At most this many bytes of an answer are kept per attempt (SPEC §5: 1 KiB).
@@ -38,8 +37,8 @@ EXCERPT_BYTES = 1024
 #: operator's requeue; the first after a recovery job's requeue; the monolith's own send, handed over.
 SCHEDULED, MANUAL, REPLAY, HANDOFF = "scheduled", "manual", "replay", "handoff"
 TRIGGERS = (SCHEDULED, MANUAL, REPLAY, HANDOFF)
-# Masking reads this much of an answer at most: enough for the excerpt after masking shortened it.
-_READ_CHARS = 4 * EXCERPT_BYTES
+#: Characters of an answer handed over at most: enough for the excerpt once masking has shortened it.
+READ_CHARS = 4 * EXCERPT_BYTES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,24 +68,14 @@ def evidence_of(exc: BaseException) -> Evidence:
     return found if isinstance(found, Evidence) else NO_ANSWER
 
 
-def excerpt(
-    answer: bytes | str | None,
-    *,
-    recipient: Any = None,
-    payload: Any = None,
-    secrets: Iterable[str] = (),
-) -> str:
-    """At most :data:`EXCERPT_BYTES` bytes of ``answer``, masked; ``secrets`` are cut out by value."""
+def answer_text(answer: bytes | str | None, *, secrets: Iterable[str] = ()) -> str:
+    """The start of an answer as text, with ``secrets`` (a channel's own) cut out by value."""
     if not answer:
         return ""
     text = (
-        answer[:_READ_CHARS].decode("utf-8", "replace") if isinstance(answer, bytes) else answer[:_READ_CHARS]
+        answer[:READ_CHARS].decode("utf-8", "replace") if isinstance(answer, bytes) else answer[:READ_CHARS]
     )
     for secret in secrets:
         if secret and len(secret) >= 4:
-            text = text.replace(secret, MASK)
-    text = redact(text, recipient, payload)
-    encoded = text.encode()
-    if len(encoded) <= EXCERPT_BYTES:
-        return text
-    return encoded[:EXCERPT_BYTES].decode("utf-8", "ignore")
+            text = text.replace(secret, "***")
+    return text

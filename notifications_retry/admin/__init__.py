@@ -9,7 +9,8 @@ counts. Importing this package registers the model admins (Django's admin autodi
 Modules: :mod:`.notifications` (the list and detail) with :mod:`.triage_actions` and :mod:`.filters`,
 :mod:`.channels`, :mod:`.outbox`, :mod:`.read_only` (the audit and heartbeats), :mod:`.dashboard`
 (queue health) with :mod:`.chart`, :mod:`.recovery` (recovery jobs: started from the list's filter, their
-progress, cancel) and :mod:`.display` (what every page shows alike).
+progress, cancel), :mod:`.timeline` (a notification's attempts), :mod:`.channel_health` (endpoint health
+and the re-enable action) and :mod:`.display` (what every page shows alike).
 """
 
 from __future__ import annotations

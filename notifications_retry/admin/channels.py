@@ -213,7 +213,14 @@ class ChannelConfigAdmin(ChannelHealthAdmin):
         ("Failover", {"fields": ("fallback",)}),
         (
             "Endpoint health",
-            {"fields": ("endpoint_health", "health_reason", "health_changed_at_display", "health_log_display")},
+            {
+                "fields": (
+                    "endpoint_health",
+                    "health_reason",
+                    "health_changed_at_display",
+                    "health_log_display",
+                )
+            },
         ),
         ("Dates", {"fields": ("created_at_display", "updated_at_display")}),
     )

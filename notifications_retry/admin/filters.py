@@ -17,7 +17,16 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from notifications_retry.models import NotificationEntity, NotificationQuerySet
 
-from .timeline import STATUS_CLASSES
+#: The classes of an attempt's answer the list filters by and the timeline colours.
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
+
+
+def status_class(code: Any) -> str:
+    """``2xx`` … ``5xx`` for an HTTP or SMTP reply code (SMTP's 250/4xx/5xx read alike), else ``none``."""
+    if isinstance(code, int) and not isinstance(code, bool) and 200 <= code < 600:
+        return f"{code // 100}xx"
+    return "none"
+
 
 # Facet counts scan the whole table per filter: never on a queue table (ShowFacets is Django 5.0+).
 NEVER_FACETS: Any = getattr(getattr(admin, "ShowFacets", None), "NEVER", None)

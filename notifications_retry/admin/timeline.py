@@ -11,16 +11,7 @@ from typing import Any
 from django.utils.safestring import SafeString
 
 from .display import fragment, timestamp
-
-#: The status classes the timeline colours and the dead-letter filter offers.
-STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
-
-
-def status_class(code: Any) -> str:
-    """``2xx`` … ``5xx`` for an HTTP or SMTP reply code (SMTP's 250/4xx/5xx read alike), else ``none``."""
-    if isinstance(code, int) and not isinstance(code, bool) and 200 <= code < 600:
-        return f"{code // 100}xx"
-    return "none"
+from .filters import status_class
 
 
 def _row(entry: dict[str, Any], previous_generation: int | None) -> dict[str, Any]:

@@ -12,6 +12,8 @@
 - :mod:`.outbox` marks events published (the relay) and prunes old published ones (housekeeping);
 - :mod:`.suppression` reads and writes the suppression list (the claim's one lookup per batch);
 - :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
+- :mod:`.health` counts each batch's provider calls into a channel's health window and applies its
+  automatic changes (and the operator's re-enable), with their outbox events;
 - :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows).
 
 The provider is always called with no transaction open: claim short, call, finalize short.

@@ -34,7 +34,6 @@ from notifications_retry.models import (
     ChannelHealthChange,
     Outbox,
 )
-from notifications_retry.observability import metrics
 from notifications_retry.outcomes import SENT, THROTTLED, Outcome
 
 log = structlog.get_logger("notifications_retry.health")
@@ -169,7 +168,7 @@ def health_payload(key: str, entry: ChannelHealthChange) -> dict[str, Any]:
 
 
 def announce(key: str, entry: ChannelHealthChange) -> None:
-    """After the commit: the log event, the metrics and the operator's signal."""
+    """After the commit: the log event and the operator's signal (the worker counts it in its metrics)."""
     level = log.info if entry.state == OK else log.warning
     level(
         "channel-health-changed",
@@ -181,7 +180,6 @@ def announce(key: str, entry: ChannelHealthChange) -> None:
         attempts=entry.attempts,
         failure_ratio=entry.failure_ratio,
     )
-    metrics.CHANNEL_HEALTH_CHANGES.labels(key, entry.state).inc()
     signals.channel_health_changed.send(
         sender=ChannelConfig,
         channel=key,

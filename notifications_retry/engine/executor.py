@@ -19,6 +19,7 @@ from notifications_retry.deadlines import deadline
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.evidence import NO_ANSWER, Evidence, evidence_of
 from notifications_retry.observability import tracing
+from notifications_retry.observability.excerpts import masked
 from notifications_retry.outcomes import (
     INVALID_RECIPIENT,
     SENT,
@@ -88,6 +89,8 @@ class Executor:
             policy=rt.policy,
             rng=self.rng,
         )
+        if evidence is not None:  # the answer's text, masked here: a provider cannot use the masking code
+            evidence = masked(evidence, recipient=record.recipient, payload=record.payload)
         return outcome_of(record, decision, failure=failure, duration_ms=self._ms(started), evidence=evidence)
 
     def sent(self, record: ClaimedRecord, result: SendResult, started: float) -> Outcome:

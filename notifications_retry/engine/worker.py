@@ -26,6 +26,7 @@ import psycopg
 import structlog
 from django.db import DatabaseError, InterfaceError, connection, transaction
 
+from notifications_retry import signals
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_transaction, drop_broken_connection
@@ -92,6 +93,8 @@ class Worker:
         )
         self._stop = threading.Event()
         self._backoff = failures.Backoff(self.interval)
+        # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
+        signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
         metrics.precreate_series([], [], [self.lane])
         self._stop_at: float | None = None
         # A looping worker keeps outcomes through an outage of any length (the claim token refuses a

@@ -68,4 +68,13 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('channel', 'bucket_start'), name='nr_health_one_bucket')],
             },
         ),
+        # Database defaults too: a channel inserted by hand-written SQL (fixtures, a monolith's own
+        # scripts) that names only the columns it knew before is still valid, and starts healthy.
+        migrations.RunSQL(
+            "ALTER TABLE notifications_retry_channelconfig "
+            "ALTER COLUMN health_state SET DEFAULT 'ok', "
+            "ALTER COLUMN health_reason SET DEFAULT '', "
+            "ALTER COLUMN health_changes SET DEFAULT 0",
+            reverse_sql=migrations.RunSQL.noop,
+        ),
     ]

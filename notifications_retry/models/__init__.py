@@ -4,9 +4,9 @@ Invariants also live in the database (django-pgtrigger): a bug or a hand-written
 make a forbidden status transition, lower ``attempts`` outside an audited requeue, or rewrite
 an outbox event. One module per table group; everything is importable from here (migrations name
 ``notifications_retry.models.check_constraint``): :mod:`.channels`, :mod:`.notifications`,
-:mod:`.outbox`, :mod:`.recovery` (recovery jobs), :mod:`.suppression` (the suppression list),
-:mod:`.bookkeeping` (the triage audit, heartbeats, backlog samples) and :mod:`.constraints` (their
-helpers).
+:mod:`.outbox`, :mod:`.recovery` (recovery jobs), :mod:`.health` (endpoint health: window buckets
+and changes), :mod:`.suppression` (the suppression list), :mod:`.bookkeeping` (the triage audit,
+heartbeats, backlog samples) and :mod:`.constraints` (their helpers).
 """
 
 from .bookkeeping import BacklogSample, DeadLetterAction, WorkerHeartbeat

@@ -3,5 +3,5 @@
 :mod:`.logging` (structlog events) with :mod:`.masking` (addresses and bodies masked), :mod:`.metrics`
 (Prometheus), :mod:`.tracing` (OpenTelemetry spans), :mod:`.liveness` (the heartbeat check) and
 :mod:`.health` (queue counts and ages by status), read at scrape time on a web process's ``/metrics`` by
-:mod:`.queue_health`.
+:mod:`.queue_health`; :mod:`.excerpts` masks an attempt's answer for ``attempt_log``.
 """

@@ -40,6 +40,13 @@ FAILOVERS = Counter(
     "went to its fallback channel, by whether the fallback delivered them (outcome sent / failed).",
     ["channel", "fallback", "outcome"],
 )
+
+
+def count_health_change(sender: Any = None, *, channel: str, state: str, **_: Any) -> None:
+    """A ``channel_health_changed`` receiver: the worker connects it (a web process serves no metric)."""
+    CHANNEL_HEALTH_CHANGES.labels(channel, state).inc()
+
+
 #: The outcome label values of ``notifications_retry_failovers_total``.
 FAILOVER_OUTCOMES = ("sent", "failed")
 CHANNEL_HEALTH_CHANGES = Counter(

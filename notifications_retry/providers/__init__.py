@@ -6,7 +6,9 @@ subclasses.
 
 Modules: :mod:`.base` (the interface), :mod:`.in_app`, :mod:`.stub`, :mod:`.webhook` (with the HTTP
 status table every HTTP provider uses) over :mod:`.http_client`, and :mod:`.django_email` with
-:mod:`.email_message` (payload to message) and :mod:`.email_errors` (failures classified).
+:mod:`.email_message` (payload to message), :mod:`.email_errors` (failures classified) and
+:mod:`.email_evidence` (the SMTP reply or ESP answer of an attempt); :mod:`.webhook_signing` (Standard
+Webhooks and the legacy signature).
 """
 
 from __future__ import annotations

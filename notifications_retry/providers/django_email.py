@@ -105,7 +105,7 @@ class DjangoEmailProvider(Provider):
         except Exception as exc:
             error = email_errors.classify(exc, phase)
             if error.evidence is None:
-                error.evidence = failure_evidence(exc, peer, message)
+                error.evidence = failure_evidence(exc, peer)
             raise error from exc
         finally:
             _close(backend, failed)

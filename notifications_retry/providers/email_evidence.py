@@ -11,8 +11,7 @@ from __future__ import annotations
 import smtplib
 from typing import Any
 
-from ..evidence import NO_ANSWER, Evidence, excerpt
-from .base import OutgoingMessage
+from ..evidence import NO_ANSWER, Evidence, answer_text
 
 __all__ = ["failure_evidence", "sent_evidence", "smtp_peer"]
 
@@ -48,7 +47,7 @@ def sent_evidence(email: Any, peer: str | None) -> Evidence:
     return NO_ANSWER  # a backend that says nothing (console, locmem, a project's own)
 
 
-def failure_evidence(exc: BaseException, peer: str | None, message: OutgoingMessage) -> Evidence:
+def failure_evidence(exc: BaseException, peer: str | None) -> Evidence:
     """What the server or ESP answered before ``exc``; no status when nothing answered."""
     code: int | None = None
     text: bytes | str = ""
@@ -64,5 +63,4 @@ def failure_evidence(exc: BaseException, peer: str | None, message: OutgoingMess
         code = status if isinstance(status, int) else code
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    shown = excerpt(" ".join(text.split()), recipient=message.recipient, payload=message.payload)
-    return Evidence(code, shown, peer)
+    return Evidence(code, answer_text(" ".join(text.split())), peer)

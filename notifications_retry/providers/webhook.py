@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 
 from .. import url_policy
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
-from ..evidence import Evidence, excerpt
+from ..evidence import Evidence, answer_text
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from ..retry import retry_after_seconds
 from ..version import __version__
@@ -213,10 +213,9 @@ class WebhookProvider(Provider):
         return headers, body
 
     def _evidence(self, response: Response, message: OutgoingMessage) -> Evidence:
-        """A refused answer's evidence: its status, where it came from, and its masked excerpt."""
+        """A refused answer's evidence: its status, where it came from, and its text (the caller masks it)."""
         hidden = [*self.signer.secrets, *self.extra_headers.values()]
-        text = excerpt(response.body, recipient=message.recipient, payload=message.payload, secrets=hidden)
-        return Evidence(response.status, text, response.remote_addr)
+        return Evidence(response.status, answer_text(response.body, secrets=hidden), response.remote_addr)
 
     def _check_url(self) -> None:
         """The URL policy, on every send: a channel made in code is held to it as the admin's are."""

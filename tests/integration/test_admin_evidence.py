@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from notifications_retry.admin.timeline import status_class
+from notifications_retry.admin.filters import status_class
 from notifications_retry.models import NotificationEntity
 from tests.integration.test_admin import (  # noqa: F401  (admin_user is a fixture)
     CHANGELIST,

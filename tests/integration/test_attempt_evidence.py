@@ -11,8 +11,9 @@ import pytest
 from notifications_retry import api
 from notifications_retry.delivery.triage import requeue
 from notifications_retry.engine.worker import Worker
-from notifications_retry.evidence import EXCERPT_BYTES, excerpt
+from notifications_retry.evidence import EXCERPT_BYTES, answer_text
 from notifications_retry.models import NotificationEntity
+from notifications_retry.observability.excerpts import excerpt
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 
@@ -159,12 +160,13 @@ def test_send_now_records_the_answer_as_a_handoff(webhook_server):
 
 
 def test_excerpt_cuts_at_a_character_boundary_and_masks_payload_texts():
-    text = excerpt(("é" * 2000).encode())
+    text = excerpt(answer_text(("é" * 2000).encode()))
     assert len(text.encode()) <= EXCERPT_BYTES and set(text) == {"é"}
-    assert excerpt(b"your code 4242-secret-text here", payload={"code": "4242-secret-text"}) == (
+    assert excerpt("your code 4242-secret-text here", payload={"code": "4242-secret-text"}) == (
         "your code *** here"
     )
-    assert excerpt(None) == "" and excerpt(b"") == ""
+    assert excerpt("") == "" and answer_text(None) == "" and answer_text(b"") == ""
+    assert answer_text(b"echo: s3cr3t-value", secrets=["s3cr3t-value"]) == "echo: ***"
 
 
 def test_a_recovery_jobs_requeue_is_a_replay(clock, webhook_server):
