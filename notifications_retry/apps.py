@@ -1,4 +1,5 @@
-"""App configuration: registers system checks; starts nothing (no exporter, no threads)."""
+"""App configuration: registers system checks and the anymail tracking receiver; starts nothing (no
+exporter, no threads)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ class NotificationsRetryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the checks)
+        from . import (
+            checks,  # noqa: F401  (registers the checks)
+            tracking,
+        )
+
+        # ESP events (bounces, complaints, delivery) reach the suppression list and delivery status
+        # through anymail's tracking signal, when anymail is installed.
+        tracking.connect()
 
     def channel_problems(self, provider_key: str, options: Mapping[str, Any]) -> list[str]:
         """What stops a channel with this provider and these options from sending; empty when it can work."""

@@ -1,8 +1,11 @@
-"""The ``pin.notifications.dispatched.v1`` event: its payload is built here and nowhere else.
+"""The app's events: ``pin.notifications.dispatched.v1`` and ``pin.notifications.delivery-status.v1``.
+
+Their payloads are built here and nowhere else.
 
 Two shapes, both here: the ``payload`` stored in an outbox row (built once, at the outcome), and the
 ``envelope`` the relay publishes (event id, topic, key, contract version, generation, payload). The
-JSON Schema ``schemas/notification_dispatched.v1.json`` describes the envelope; both are public
+JSON Schema ``schemas/notification_dispatched.v1.json`` describes the envelope
+(``schemas/notification_delivery_status.v1.json`` the delivery-status one's); both are public
 (docs/contract.md).
 """
 
@@ -22,6 +25,8 @@ SENT = "Sent"
 FAILED = "Failed"
 
 SCHEMA_RESOURCE = "schemas/notification_dispatched.v1.json"
+DELIVERY_STATUS_SCHEMA_RESOURCE = "schemas/notification_delivery_status.v1.json"
+DELIVERY_STATES = ("delivered", "opened", "bounced", "complained")
 
 
 def dispatched_payload(
@@ -63,6 +68,33 @@ def dispatched_payload(
     return payload
 
 
+def delivery_status_payload(
+    *,
+    notification_id: uuid.UUID,
+    tenant_id: uuid.UUID | None,
+    channel: str,
+    state: str,
+    state_at: datetime,
+    esp: str,
+    provider_message_id: str,
+    occurred_at: datetime,
+) -> dict[str, Any]:
+    """The delivery-status event body (schema: ``schemas/notification_delivery_status.v1.json``)."""
+    if state not in DELIVERY_STATES:
+        raise ValueError(f"delivery states are {', '.join(DELIVERY_STATES)}, got {state!r}")
+    return {
+        "notification_id": str(notification_id),
+        "tenant_id": str(tenant_id) if tenant_id else None,
+        "channel": channel,
+        "state": state,
+        "state_at": state_at.isoformat(),
+        "esp": esp,
+        "provider_message_id": provider_message_id,
+        "occurred_at": occurred_at.isoformat(),
+        "contract_version": CONTRACT_VERSION,
+    }
+
+
 def dispatched_event(*, generation: int, created_at: datetime, **payload_fields: Any) -> Outbox:
     """An unsaved outbox row for one outcome; ``generation`` is the record's requeue count."""
     payload = dispatched_payload(occurred_at=created_at, **payload_fields)
@@ -91,9 +123,9 @@ def envelope(event: Outbox) -> dict[str, Any]:
 
 
 @functools.cache
-def schema() -> dict[str, Any]:
-    """The JSON Schema of the published event, read from the package data."""
-    text = resources.files("notifications_retry").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
+def schema(resource: str = SCHEMA_RESOURCE) -> dict[str, Any]:
+    """The JSON Schema of a published event (the dispatched one's by default), read from the package data."""
+    text = resources.files("notifications_retry").joinpath(resource).read_text(encoding="utf-8")
     loaded: dict[str, Any] = json.loads(text)
     return loaded
 
@@ -107,3 +139,8 @@ def health_schema() -> dict[str, Any]:
     text = resources.files("notifications_retry").joinpath(HEALTH_SCHEMA_RESOURCE).read_text(encoding="utf-8")
     loaded: dict[str, Any] = json.loads(text)
     return loaded
+
+
+def delivery_status_schema() -> dict[str, Any]:
+    """The JSON Schema of a published ``pin.notifications.delivery-status.v1`` event."""
+    return schema(DELIVERY_STATUS_SCHEMA_RESOURCE)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from notifications_retry.conf import get_settings
-from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.models import DeliveryStatus, NotificationEntity, Outbox
 from notifications_retry.observability.masking import mask_recipient
 
 from . import display
@@ -98,6 +98,7 @@ class NotificationEntityAdmin(TriageActions):
         "due_at_display",
         "claim_display",
         "provider_message_id",
+        "esp_delivery_status",
     )
     failure_fields = (
         "error_kind",
@@ -228,6 +229,18 @@ class NotificationEntityAdmin(TriageActions):
             return "Never triaged."
         return display.fragment("triage_log", actions=actions)
 
+    @admin.display(description="delivery status (ESP)")
+    def esp_delivery_status(self, obj: NotificationEntity) -> str:
+        status = DeliveryStatus.objects.filter(notification=obj).first()
+        if status is None:
+            return "No report from the ESP."
+        reached = [
+            f"{state} {at:%Y-%m-%d %H:%M:%S %Z}"
+            for state in ("delivered", "opened", "bounced", "complained")
+            if (at := getattr(status, f"{state}_at")) is not None
+        ]
+        return f"{status.get_state_display()} (by {status.esp}): " + "; ".join(reached)
+
     @admin.display(description="outbox events")
     def outbox_events(self, obj: NotificationEntity) -> SafeString | str:
         events = list(Outbox.objects.filter(key=str(obj.pk)).order_by("created_at", "id")[:50])
@@ -237,7 +250,10 @@ class NotificationEntityAdmin(TriageActions):
             {
                 "url": reverse("admin:notifications_retry_outbox_change", args=[e.pk]),
                 "event_id": e.event_id,
-                "status": e.payload.get("status", "") if isinstance(e.payload, dict) else "",
+                # A delivery-status event has a state where a dispatched one has a status.
+                "status": (e.payload.get("status") or e.payload.get("state", ""))
+                if isinstance(e.payload, dict)
+                else "",
                 "generation": e.generation,
                 "created_at": e.created_at,
                 "published_at": e.published_at,

@@ -20,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from notifications_retry import events
 from notifications_retry.delivery import health
 from notifications_retry.delivery.session import bound_transaction
+from notifications_retry.delivery.suppression import suppress_gone_mailboxes
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
     CONTRACT_VERSION,
@@ -168,6 +169,9 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
         cursor.execute(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
         applied_rows = {row[0]: row for row in cursor.fetchall()}
         applied = [o for o in outcomes if o.record.id in applied_rows]
+        # A permanent reply naming the mailbox as gone puts its address on the suppression list, with
+        # the outcome (rare: nothing is asked of the database when no outcome says so).
+        suppress_gone_mailboxes(applied, now)
         with_events = [o for o in applied if o.emits_event]
         if with_events:
             event_rows: list[dict[str, Any]] = []

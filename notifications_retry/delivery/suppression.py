@@ -13,16 +13,19 @@ the later expiry) instead of failing or duplicating it.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from notifications_retry.addresses import normalize_recipient
 from notifications_retry.conf import get_settings
 from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
+from notifications_retry.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
 
 _TABLE = Suppression._meta.db_table
 
@@ -145,6 +148,35 @@ def record(
     return Suppression.objects.get(pk=pk), bool(created)
 
 
+def suppress_gone_mailboxes(outcomes: Sequence[Any], now: datetime) -> int:
+    """Suppress, on every channel, the recipients of terminal ``mailbox_unavailable`` outcomes (SMTP 5.1.1…).
+
+    Runs in the caller's transaction (finalize's), so the suppression commits with the outcome.
+    """
+    gone = [o for o in outcomes if o.result == TERMINAL and o.error_kind == MAILBOX_UNAVAILABLE]
+    for outcome in gone:
+        recipient = outcome.record.recipient
+        if isinstance(recipient, str) and recipient.strip():
+            error = outcome.error or ""
+            record(
+                recipient,
+                reason=Reason.INVALID_RECIPIENT,
+                source=_smtp_source(error),
+                detail=error,
+                at=now,
+            )
+    return len(gone)
+
+
+_SMTP_REPLY = re.compile(r"^SMTP (\d{3}) at [^:]+: (\d\.\d{1,3}\.\d{1,3})")
+
+
+def _smtp_source(error: str) -> str:
+    """``SMTP 550 5.1.1`` from the provider's ``SMTP 550 at RCPT TO: 5.1.1 No such user here``."""
+    match = _SMTP_REPLY.match(error)
+    return f"SMTP {match.group(1)} {match.group(2)}" if match else "SMTP reply"
+
+
 def add(
     recipient: str,
     *,
@@ -184,24 +216,32 @@ def remove(recipient: str, *, channel: str = ALL_CHANNELS, actor: str, note: str
 
     Returns how many rows were deleted.
     """
-    address = normalize_recipient(recipient)
-    rows = Suppression.objects.filter(address=address)
+    rows = Suppression.objects.filter(address=normalize_recipient(recipient))
     if channel != ALL_CHANNELS:
         rows = rows.filter(channel=channel)
+    return _delete(rows, actor=actor, note=note, now=now)
+
+
+def remove_entries(pks: Iterable[int], *, actor: str, note: str = "", now: datetime) -> int:
+    """Delete exactly these suppression rows (the admin's remove), audited; returns how many."""
+    return _delete(Suppression.objects.filter(pk__in=list(pks)), actor=actor, note=note, now=now)
+
+
+def _delete(rows: QuerySet[Suppression], *, actor: str, note: str, now: datetime) -> int:
     with transaction.atomic():
-        removed = list(rows.select_for_update().values_list("pk", "channel", "reason"))
-        Suppression.objects.filter(pk__in=[pk for pk, _, _ in removed]).delete()
+        removed = list(rows.select_for_update().values_list("pk", "address", "channel", "reason"))
+        Suppression.objects.filter(pk__in=[pk for pk, *_ in removed]).delete()
         SuppressionChange.objects.bulk_create(
             SuppressionChange(
                 address=address,
-                channel=row_channel,
+                channel=channel,
                 action=SuppressionChange.Action.REMOVE,
                 reason=reason,
                 actor=actor[:150],
                 note=note,
                 created_at=now,
             )
-            for _, row_channel, reason in removed
+            for _, address, channel, reason in removed
         )
     return len(removed)
 
@@ -223,4 +263,15 @@ def prune_expired(*, now: datetime) -> int:
     return deleted
 
 
-__all__ = ["active", "add", "expiry", "prune_expired", "record", "remove", "suppressed_in_batch"]
+__all__ = [
+    "active",
+    "add",
+    "expiry",
+    "normalize_recipient",
+    "prune_expired",
+    "record",
+    "remove",
+    "remove_entries",
+    "suppress_gone_mailboxes",
+    "suppressed_in_batch",
+]

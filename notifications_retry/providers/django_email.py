@@ -32,6 +32,8 @@ from .email_evidence import failure_evidence, sent_evidence, smtp_peer
 from .email_message import InvalidEmailPayload, build_message
 
 OPTION_KEYS = frozenset({"backend", "backend_options", "from_email", "message_id_domain"})
+#: The metadata key of the notification id (``notifications_retry.tracking.METADATA_KEY``).
+TRACKING_METADATA_KEY = "notification_id"
 
 
 class DjangoEmailProvider(Provider):
@@ -92,6 +94,9 @@ class DjangoEmailProvider(Provider):
             raise PermanentProviderError(
                 f"invalid email payload: {exc}", kind="invalid_payload", ambiguous=False
             ) from exc
+        # anymail sends metadata to the ESP, which echoes it in its tracking events: the app's receiver
+        # finds the notification by it (other backends ignore the attribute).
+        email.metadata = {TRACKING_METADATA_KEY: str(message.notification_id)}  # type: ignore[attr-defined]
         backend = self._backend()
         phase: email_errors.Phase = "connect"
         failed = True

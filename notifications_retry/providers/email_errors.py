@@ -4,7 +4,9 @@ Two families reach here: ``smtplib`` errors (Django's SMTP backend, and any back
 django-anymail errors (every ESP backend). Rules:
 
 * an SMTP reply decides by its code: 4xx retriable, 5xx permanent; its enhanced status code
-  (``5.1.1``) is kept in the message;
+  (``5.1.1``) is kept in the message; a 5xx whose enhanced status says the mailbox itself is gone
+  (``5.1.1`` bad address, ``5.1.10`` null MX, ``5.2.1`` disabled) is ``mailbox_unavailable``, which also
+  puts the address on the suppression list;
 * no usable reply (refused, DNS, timeout, dropped connection) is retriable;
 * an ESP's HTTP answer decides as for the webhook: 429 throttled and 503 with ``Retry-After``,
   other 5xx and 408 retriable, any other 4xx permanent; all recipients refused is permanent.
@@ -25,12 +27,18 @@ from typing import Literal
 
 from ..exception_chain import causes
 from ..exceptions import PermanentProviderError, ProviderError, RetryableProviderError
+from ..outcomes import MAILBOX_UNAVAILABLE as MAILBOX_UNAVAILABLE_KIND
 from .webhook import status_error
 
 #: Where the failure happened: opening the connection (connect, EHLO, STARTTLS, login) or sending.
 Phase = Literal["connect", "send"]
 
 _ENHANCED_STATUS = re.compile(r"^\s*([245]\.\d{1,3}\.\d{1,3})\b")
+
+#: Enhanced status codes (RFC 3463, RFC 7505) that name the recipient's mailbox as gone for good.
+MAILBOX_GONE = frozenset({"5.1.1", "5.1.10", "5.2.1"})
+#: The error kind of such a reply (``notifications_retry.outcomes.MAILBOX_UNAVAILABLE``).
+MAILBOX_UNAVAILABLE = MAILBOX_UNAVAILABLE_KIND
 
 
 def enhanced_status(text: str) -> str | None:
@@ -51,7 +59,11 @@ def smtp_reply_error(code: int, raw: bytes | str, where: str) -> ProviderError:
     if 400 <= code < 500:
         error: ProviderError = RetryableProviderError(reason, kind="smtp_4xx", ambiguous=False)
     elif 500 <= code < 600:
-        error = PermanentProviderError(reason, kind="smtp_5xx", ambiguous=False)
+        # Only a reply to the recipient or its message speaks of the recipient's mailbox (at MAIL FROM a
+        # 5.1.x names the sender).
+        gone = where in ("RCPT TO", "DATA") and enhanced_status(text) in MAILBOX_GONE
+        kind = MAILBOX_UNAVAILABLE if gone else "smtp_5xx"
+        error = PermanentProviderError(reason, kind=kind, ambiguous=False)
     else:  # not a refusal code at all: the conversation went wrong, try again later
         error = RetryableProviderError(reason, kind="smtp_protocol", ambiguous=False)
     return error

@@ -132,7 +132,8 @@ def test_smtp_4xx_to_the_recipient_is_retried(clock, smtp_server, code):
 @pytest.mark.parametrize("code", [550, 551, 552, 553, 554])
 def test_smtp_5xx_to_the_recipient_is_terminal_with_the_enhanced_status(clock, smtp_server, code):
     row = tick_one(clock, smtp_options(smtp_server), f"r{code}@example.com")
-    assert_terminal(row, "smtp_5xx")
+    # 550 5.1.1 names the mailbox as gone: its own kind, which suppresses the address (test_suppression_smtp).
+    assert_terminal(row, "mailbox_unavailable" if code == 550 else "smtp_5xx")
     # "SMTP 550 at RCPT TO: 5.1.1 No such user here": the enhanced status code is kept.
     reply = row.last_error.split(": ", 1)[1]
     assert enhanced_status(reply) == REPLIES[code].split()[1]
@@ -182,7 +183,8 @@ def test_an_invalid_payload_is_terminal_without_a_connection(clock, smtp_server)
     [
         ("r421@example.com", None, RetryableProviderError, "smtp_4xx", False),
         ("r452@example.com", None, RetryableProviderError, "smtp_4xx", False),
-        ("r550@example.com", None, PermanentProviderError, "smtp_5xx", False),
+        ("r550@example.com", None, PermanentProviderError, "mailbox_unavailable", False),
+        ("r553@example.com", None, PermanentProviderError, "smtp_5xx", False),
         ("ann@example.com", "mail451@example.com", RetryableProviderError, "smtp_4xx", False),
         ("data554@example.com", None, PermanentProviderError, "smtp_5xx", False),
         ("drop@example.com", None, RetryableProviderError, "connection", True),

@@ -97,8 +97,28 @@ class _Handler:
         return "250 2.0.0 Queued"
 
 
+class _CountingController(Controller):
+    """Counts the connections the server accepts (``owner.connections``)."""
+
+    def __init__(self, owner: ScriptedSMTPServer, *args: Any, **kwargs: Any) -> None:
+        self.owner = owner
+        super().__init__(*args, **kwargs)
+
+    def factory(self) -> SMTP:
+        owner = self.owner
+
+        class Counting(SMTP):
+            def connection_made(self, transport: Any) -> None:
+                with owner.lock:
+                    owner.connections += 1
+                super().connection_made(transport)
+
+        return Counting(self.handler, **self.SMTP_kwargs)
+
+
 class ScriptedSMTPServer:
-    """aiosmtpd on 127.0.0.1, a free port, answering as the module describes."""
+    """aiosmtpd on 127.0.0.1, a free port, answering as the module describes; ``connections`` counts
+    the connections it accepted."""
 
     def __init__(self, hang_seconds: float = 5.0) -> None:
         self.hang_seconds = hang_seconds
@@ -107,10 +127,11 @@ class ScriptedSMTPServer:
         self.data_received = threading.Event()
         self.hanging = 0  # clients whose data is held unanswered right now
         self.max_hanging = 0
+        self.connections = 0
         self.port = free_port()
         # A fixed greeting name: the default would look the machine's name up.
-        self.controller = Controller(
-            _Handler(self), hostname="127.0.0.1", port=self.port, server_hostname="smtp.test"
+        self.controller = _CountingController(
+            self, _Handler(self), hostname="127.0.0.1", port=self.port, server_hostname="smtp.test"
         )
 
     def start(self) -> ScriptedSMTPServer:
