@@ -33,7 +33,7 @@ from notifications_retry.clock import default_clock
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.create import create_pending
-from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased
+from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased, settle_suppressed
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
 from notifications_retry.evidence import NO_ANSWER, evidence_of
 from notifications_retry.exceptions import InvalidTransition
@@ -296,13 +296,17 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
     For a dispatcher that has nothing of its own to send with. The row is leased first (no worker or
     second caller can send it meanwhile), the provider is called with no transaction open (calling
     this inside ``transaction.atomic`` is refused), and the outcome is recorded as
-    :func:`record_dispatch_sent` / :func:`record_dispatch_failure` would.
+    :func:`record_dispatch_sent` / :func:`record_dispatch_failure` would. A recipient on the suppression
+    list is not sent to: the row ends terminal ``suppressed`` with no attempt, as in the worker's claim.
     """
     pk = _pk(notification)
     rng = arguments.optional_rng("rng", rng)
     if connection.in_atomic_block:
         raise InvalidTransition("send_now calls a provider: it must not run inside a database transaction")
     clock = default_clock(get_settings().CLOCK)
+    stopped = settle_suppressed(pk, now=clock.now())
+    if stopped is not None:
+        return NotificationEntity.objects.get(pk=stopped.record.id)
     record, channel = lease_fresh(pk, now=clock.now())
     failure: Failure | None = None
     message_id: str | None = None

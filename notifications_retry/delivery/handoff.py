@@ -18,12 +18,22 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery import suppression
 from notifications_retry.delivery.channel_rules import backoff_policy, lease_seconds
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
 from notifications_retry.evidence import HANDOFF, Evidence
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
-from notifications_retry.outcomes import ClaimedRecord, Failure, Outcome, attempt_budget, decide, outcome_of
+from notifications_retry.outcomes import (
+    TERMINAL,
+    ClaimedRecord,
+    Failure,
+    Outcome,
+    attempt_budget,
+    before_send,
+    decide,
+    outcome_of,
+)
 
 
 def _locked_fresh(pk: uuid.UUID | str, now: datetime) -> NotificationEntity:
@@ -101,6 +111,32 @@ def record_attempt(
         record = record_of(row, row.attempts + 1)
         outcome = _decided(record, row.channel, failure, provider_message_id, now, rng)
         # The row is locked by this transaction: no claim token to guard with.
+        apply_outcomes([outcome], now, guarded=False)
+    return outcome
+
+
+def settle_suppressed(pk: uuid.UUID | str, *, now: datetime) -> Outcome | None:
+    """A fresh Pending row whose recipient is suppressed: terminal ``suppressed`` now, no attempt counted.
+
+    None (and nothing written) when the recipient is not suppressed: the row is then the caller's to send.
+    """
+    with transaction.atomic():
+        row = _locked_fresh(pk, now)
+        found = suppression.active(row.recipient, channel=row.channel.key, now=now)
+        if found is None:
+            return None
+        budget = attempt_budget(
+            row.channel.max_attempts, row.channel.key, row.notification_type, get_settings().ATTEMPTS_BY_TYPE
+        )
+        stop = before_send(
+            attempts_done=row.attempts,
+            budget=budget,
+            expires_at=row.expires_at,
+            now=now,
+            suppressed=suppression.describe(found.reason, found.channel),
+        )
+        assert stop is not None  # a suppression always stops the send
+        outcome = Outcome(_record_of(row, row.attempts), TERMINAL, error_kind=stop.kind, error=stop.error)
         apply_outcomes([outcome], now, guarded=False)
     return outcome
 

@@ -75,8 +75,13 @@ def suppressed_in_batch(
         reason = found.get((address, channel_key)) or found.get((address, ALL_CHANNELS))
         if reason is not None:
             scope = channel_key if (address, channel_key) in found else ALL_CHANNELS
-            suppressed[nid] = f"recipient is on the suppression list ({reason}, channel {scope})"
+            suppressed[nid] = describe(reason, scope)
     return suppressed
+
+
+def describe(reason: str, channel: str) -> str:
+    """Why a send was stopped, as ``last_error`` says it."""
+    return f"recipient is on the suppression list ({reason}, channel {channel})"
 
 
 def expiry(reason: str, at: datetime, retention: Mapping[str, int] | None = None) -> datetime | None:
@@ -266,6 +271,7 @@ def prune_expired(*, now: datetime) -> int:
 __all__ = [
     "active",
     "add",
+    "describe",
     "expiry",
     "normalize_recipient",
     "prune_expired",

@@ -154,6 +154,18 @@ def test_send_now_records_a_failure_for_the_worker(webhook_server, settings):
     assert events(row) == []
 
 
+def test_send_now_does_not_call_the_provider_for_a_suppressed_recipient(webhook_server, settings):
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    webhook_server.responder = lambda r: Reply(200, {"id": "hook-7"})
+    row = fresh(key="hook", provider_key="webhook", options={"url": webhook_server.url})
+    api.suppress(row.recipient.replace("@example.com", "@EXAMPLE.com"), channel="hook")
+    row = api.send_now(row)
+    assert (row.status, row.error_kind, row.attempts) == (Status.FAILED, "suppressed", 0)
+    assert row.dead_lettered_at is not None and row.claim_token is None
+    assert webhook_server.requests == []
+    assert [(e["status"], e["error_kind"]) for e in events(row)] == [("Failed", "suppressed")]
+
+
 def test_send_now_refuses_to_call_a_provider_inside_a_transaction():
     row = fresh()
     with transaction.atomic(), pytest.raises(InvalidTransition, match="inside a database transaction"):
