@@ -26,10 +26,15 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
+
 from notifications_retry.clock import default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.esp_reports import EspReport, apply_report
+from notifications_retry.observability.masking import mask_recipient
 from notifications_retry.providers.django_email import TRACKING_METADATA_KEY
+
+log = structlog.get_logger("notifications_retry.tracking")
 
 #: The metadata key the ``django_email`` provider sends with each message (ESPs echo metadata back).
 METADATA_KEY = TRACKING_METADATA_KEY
@@ -125,7 +130,29 @@ def on_tracking(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
     A database error propagates: anymail answers the ESP with an error, and the ESP delivers the
     event again later.
     """
-    apply_report(read_event(event, esp_name), now=default_clock(get_settings().CLOCK).now())
+    report = read_event(event, esp_name)
+    if report.state is None and report.suppress is None:
+        return  # deferred, clicked, a soft bounce…: nothing to record
+    applied = apply_report(report, now=default_clock(get_settings().CLOCK).now())
+    if not applied.matched:
+        # Not about a notification of this app: kept in the log for diagnosis, nothing changed.
+        log.info(
+            "esp-report-unmatched",
+            esp=report.esp,
+            event_type=report.event_type,
+            recipient=mask_recipient(report.recipient),
+            provider_message_id=report.message_id,
+            notification_id=str(report.notification_id) if report.notification_id else None,
+        )
+        return
+    log.info(
+        "esp-report-applied",
+        esp=report.esp,
+        event_type=report.event_type,
+        notification_id=str(applied.notification_id),
+        state=report.state if applied.state_changed else None,
+        suppressed=applied.suppression.reason if applied.suppression else None,
+    )
 
 
 def connect() -> bool:

@@ -5,7 +5,8 @@ A report changes something only when it names a notification this app sent: the 
 the ``django_email`` provider put in the message's metadata finds the row by primary key, and the row
 must be Sent with the provider message id the ESP returned at send time and the report's recipient.
 (The provider message id has no index of its own: every Sent row would enter it, for these reports
-alone; docs/performance.md, "Where the bytes go".) A report that names none is only logged.
+alone; docs/performance.md, "Where the bytes go".) A report that names none changes nothing (the
+receiver logs it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import dataclasses
 import uuid
 from datetime import datetime
 
-import structlog
 from django.db import transaction
 
 from notifications_retry import events
@@ -28,9 +28,6 @@ from notifications_retry.models import (
     Outbox,
     Suppression,
 )
-from notifications_retry.observability.masking import mask_recipient
-
-log = structlog.get_logger("notifications_retry.esp_reports")
 
 State = DeliveryStatus.State
 
@@ -69,29 +66,25 @@ class EspReport:
 
 @dataclasses.dataclass(frozen=True)
 class Applied:
-    """What a report changed: the notification it matched (None: it matched none, nothing changed)."""
+    """What a report changed: the notification it matched (None: it matched none, nothing changed).
+
+    ``matched`` is False for a report that called for nothing (it was not looked up).
+    """
 
     notification_id: uuid.UUID | None
     state_changed: bool = False
     suppression: Suppression | None = None
+    matched: bool = True
 
 
 def apply_report(report: EspReport, *, now: datetime) -> Applied:
     """Apply one ESP report in one short transaction; a report for no notification of ours changes nothing."""
     if report.state is None and report.suppress is None:
-        return Applied(None)
+        return Applied(None, matched=False)
     with transaction.atomic():
         row = _sent_notification(report)
         if row is None:
-            log.info(
-                "esp-report-unmatched",
-                esp=report.esp,
-                event_type=report.event_type,
-                recipient=mask_recipient(report.recipient),
-                provider_message_id=report.message_id,
-                notification_id=str(report.notification_id) if report.notification_id else None,
-            )
-            return Applied(None)
+            return Applied(None, matched=False)
         changed = report.state is not None and _set_state(row, report, now)
         suppressed = None
         if report.suppress is not None:
@@ -104,14 +97,6 @@ def apply_report(report: EspReport, *, now: datetime) -> Applied:
                 detail=report.detail,
                 at=report.at or now,
             )
-    log.info(
-        "esp-report-applied",
-        esp=report.esp,
-        event_type=report.event_type,
-        notification_id=str(row.pk),
-        state=report.state if changed else None,
-        suppressed=suppressed.reason if suppressed else None,
-    )
     return Applied(row.pk, changed, suppressed)
 
 

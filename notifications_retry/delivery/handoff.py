@@ -136,7 +136,7 @@ def settle_suppressed(pk: uuid.UUID | str, *, now: datetime) -> Outcome | None:
             suppressed=suppression.describe(found.reason, found.channel),
         )
         assert stop is not None  # a suppression always stops the send
-        outcome = Outcome(_record_of(row, row.attempts), TERMINAL, error_kind=stop.kind, error=stop.error)
+        outcome = Outcome(record_of(row, row.attempts), TERMINAL, error_kind=stop.kind, error=stop.error)
         apply_outcomes([outcome], now, guarded=False)
     return outcome
 
