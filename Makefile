@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -89,6 +89,12 @@ bench-signing: $(VENV)/.installed
 bench-evidence-wal: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	$(PY) -m bench.evidence_wal $(BENCH_ARGS)
+
+# How late a looping worker on default settings sends scheduled and handed-over rows (p50/p95/p99), and
+# the statements a second it runs while nothing is due (pg_stat_statements), on a throwaway cluster.
+lateness-bench: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.lateness $(BENCH_ARGS)
 
 # What the schema costs the raw drain (WAL bytes, rows/s): triggers, admin-only indexes, fillfactor.
 schema-costs: $(VENV)/.installed

@@ -38,7 +38,8 @@ def _free_port() -> int:
 class PrivateCluster:
     """initdb + pg_ctl in a temporary directory; ``url`` once started. Runs as ``postgres`` under root."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: str = "") -> None:
+        self.settings = settings  # more postgresql.conf lines (shared_preload_libraries, ...)
         found = pg_bin()
         if found is None:
             raise RuntimeError("no PostgreSQL server binaries found (set NR_BENCH_PG_BIN)")
@@ -65,6 +66,7 @@ class PrivateCluster:
                 f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.dir}'\n"
                 "shared_buffers = 128MB\nmax_connections = 60\nautovacuum = off\nmax_wal_size = 4GB\n"
+                + self.settings
             )
         self._run(
             str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w", "start"
@@ -107,12 +109,13 @@ class PrivateCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_on_server(server: str, measure: Callable[[], int]) -> int:
-    """Run ``measure`` on a private cluster (``private``) or on the server of DATABASE_URL (``url``)."""
+def run_on_server(server: str, measure: Callable[[], int], settings: str = "") -> int:
+    """Run ``measure`` on a private cluster (``private``, with ``settings`` added to its
+    postgresql.conf) or on the server of DATABASE_URL (``url``)."""
     if server == "url":
         return measure()
     global _active
-    cluster = _active = PrivateCluster().start()
+    cluster = _active = PrivateCluster(settings).start()
     os.environ["DATABASE_URL"] = cluster.url
     try:
         return measure()

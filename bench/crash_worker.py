@@ -43,12 +43,12 @@ class LoopingWorker:
     log_dir = Path(tempfile.mkdtemp(prefix="nr-crash-bench-"))
     started_count = 0
 
-    def __init__(self) -> None:
+    def __init__(self, args: list[str] | None = None) -> None:
         LoopingWorker.started_count += 1
         self.log_path = self.log_dir / f"worker-{LoopingWorker.started_count}.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "django", "retry_worker", *LOOP_ARGS],
+                [sys.executable, "-m", "django", "retry_worker", *(LOOP_ARGS if args is None else args)],
                 env=worker_env(),
                 cwd=ROOT,
                 stdout=log,

@@ -50,6 +50,11 @@ class Sink:
         keys: dict[str, int] = self._get("/keys")
         return keys
 
+    def first_arrivals(self) -> dict[str, float]:
+        """Each ``Idempotency-Key``'s first arrival (``time.time()``) since the last reset."""
+        first: dict[str, float] = self._get("/first")
+        return first
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)

@@ -29,9 +29,10 @@ class _Receiver:
         self.answer_times: list[float] = []
         self.lateness = 0.0  # moving average of how late a timer fires
         self.keys: dict[str, int] = {}
+        self.first: dict[str, float] = {}  # each key's first arrival (time.time()): lateness
 
     def reset(self) -> None:
-        self.arrivals, self.answer_times, self.keys = [], [], {}
+        self.arrivals, self.answer_times, self.keys, self.first = [], [], {}, {}
 
     def stats(self) -> bytes:
         times = sorted(self.answer_times)
@@ -81,6 +82,8 @@ class _Connection(asyncio.Protocol):
                 self._write_json(b'{"count": %d}' % len(receiver.arrivals))
             elif self.url == b"/keys":
                 self._write_json(json.dumps(receiver.keys).encode())
+            elif self.url == b"/first":
+                self._write_json(json.dumps(receiver.first).encode())
             else:
                 receiver.reset()
                 self._write_json(b"{}")
@@ -90,6 +93,7 @@ class _Connection(asyncio.Protocol):
         receiver.arrivals.append(arrived)
         if self.idempotency_key:
             receiver.keys[self.idempotency_key] = receiver.keys.get(self.idempotency_key, 0) + 1
+            receiver.first.setdefault(self.idempotency_key, arrived)
         due = arrived_loop + receiver.delay
         loop.call_at(due - receiver.lateness, self._answer, due, arrived_loop)
 

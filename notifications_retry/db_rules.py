@@ -119,9 +119,60 @@ OUTBOX_MATCHES_OUTCOME_SQL = """
 """
 
 
+#: The channel a looping worker LISTENs on (engine.wakeup): a row became due sooner, or a channel changed.
+WAKEUP_CHANNEL = "notifications_retry_wakeup"
+
+# One empty payload: PostgreSQL folds identical notifications of one transaction into one, so a bulk
+# write wakes each worker once, and the worker asks for the earliest due time itself.
+NOTIFY_WAKEUP_SQL = f"PERFORM pg_notify('{WAKEUP_CHANNEL}', ''); RETURN NULL;"
+
+
+def wakeup_triggers() -> list[pgtrigger.Trigger]:
+    """NOTIFY a waiting worker when a row becomes due sooner than before (a new scheduled or hand-off
+    row, a retry, a requeue, "retry now", a given-back lease).
+
+    In the writer's own transaction, so it works through any pooler (PgBouncer in transaction mode
+    too): only the worker LISTENs, on its direct connection. A write that moves ``due_at`` later (a
+    claim) or clears it (an outcome) wakes no one, and the condition is checked before any call.
+    """
+    return [
+        pgtrigger.Trigger(
+            name="nr_wakeup_on_insert",
+            when=pgtrigger.After,
+            operation=pgtrigger.Insert,
+            condition=pgtrigger.Condition("NEW.due_at IS NOT NULL"),
+            func=NOTIFY_WAKEUP_SQL,
+        ),
+        pgtrigger.Trigger(
+            name="nr_wakeup_on_update",
+            when=pgtrigger.After,
+            operation=pgtrigger.Update,
+            condition=pgtrigger.Condition(
+                "NEW.due_at IS NOT NULL AND (OLD.due_at IS NULL OR NEW.due_at < OLD.due_at)"
+            ),
+            func=NOTIFY_WAKEUP_SQL,
+        ),
+    ]
+
+
+def channel_triggers() -> list[pgtrigger.Trigger]:
+    """NOTIFY a waiting worker when a channel is added or changed (re-enabled, fixed): its due rows
+    may be sendable now. Once per statement: channels change rarely, one by one."""
+    return [
+        pgtrigger.Trigger(
+            name="nr_wakeup_on_channel_change",
+            level=pgtrigger.Statement,
+            when=pgtrigger.After,
+            operation=pgtrigger.Insert | pgtrigger.Update,
+            func=NOTIFY_WAKEUP_SQL,
+        ),
+    ]
+
+
 def notification_triggers() -> list[pgtrigger.Trigger]:
     """The rules of ``NotificationEntity``: due time, transitions, attempts, leases, dead letters."""
     return [
+        *wakeup_triggers(),
         pgtrigger.Trigger(
             name="nr_maintain_due_at",
             when=pgtrigger.Before,

@@ -193,6 +193,11 @@ class AdvisoryLock:
             return False
         return True
 
+    def session(self) -> psycopg.Connection[Any]:
+        """The lock's connection, opened and proven direct if it is not open: a waiting worker LISTENs
+        on it (engine.wakeup), as a pooled session cannot."""
+        return self._connect()
+
     @property
     def key(self) -> int:
         """The bigint advisory-lock key of ``name`` (computed by PostgreSQL)."""

@@ -162,6 +162,13 @@ class ChannelRuntime:
             and self.inflight < self.max_concurrency
         )
 
+    def blocked_until(self) -> float:
+        """When a pause or an open circuit stops blocking this channel (monotonic; 0.0: never blocked)."""
+        until = self.paused_until
+        if self.breaker.state == self.breaker.OPEN:
+            until = max(until, self.breaker.opened_at + self.breaker.cooldown)
+        return until
+
     def begin(self, now_mono: float) -> None:
         """A send starts now: spend a rate-limit slot, and count a half-open circuit's probe."""
         self.limiter.take(now_mono)

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
@@ -39,6 +39,7 @@ from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.send_loop import SendLoop
+from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import WorkerHeartbeat
@@ -100,7 +101,15 @@ class Worker:
         # A looping worker keeps outcomes through an outage of any length (the claim token refuses a
         # late one whose row was taken over); a single tick gives up on those whose lease ran out.
         self._looping = False
-        self.channels = ChannelSet(conf, conf.LANES, self.lane, lane_channels(conf.LANES, self.lane))
+        served = lane_channels(conf.LANES, self.lane)
+        self.channels = ChannelSet(conf, conf.LANES, self.lane, served)
+        priorities = list(lane_conf.get("priorities") or []) or None
+        self.waiter = Waiter(
+            LockConnectionPort(self.lock, channels=served, priorities=priorities),
+            clock=self.clock,
+            monotonic=monotonic,
+            stopping=self._stop.is_set,
+        )
         self._send_loop: SendLoop | None = None
         self._keys: dict[int, str] = {}
         self.reporter = OutcomeReporter(self._keys)
@@ -156,7 +165,8 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def run(self, once: bool = False) -> list[TickStats]:
-        """Tick once, or every ``interval`` seconds until stopped; returns the ticks' stats."""
+        """Tick once, or until stopped: as soon as a row falls due, and at least every ``interval``
+        seconds; returns the ticks' stats."""
         ticks: list[TickStats] = []
         self._looping = not once
         try:
@@ -165,14 +175,21 @@ class Worker:
                 ticks.append(self.tick())
                 if once or self.stopping:
                     break
-                # A tick never overlaps the next: wait the rest of the interval, waking on stop.
-                # After a failed tick the pause grows (capped), so a database outage is not hammered.
-                remaining = self._backoff.pause(bool(ticks[-1].error)) - (self.monotonic() - started)
-                if remaining > 0:
-                    if self._sleep is not None:
-                        self._sleep(remaining)
-                    elif self._stop.wait(remaining):
-                        break
+                # A tick never overlaps the next. After a failed tick the pause grows (capped), so a
+                # database outage is not hammered; after one that ran, the next starts when a row
+                # falls due (engine.wakeup), at the latest when the interval ends.
+                until = started + self._backoff.pause(bool(ticks[-1].error))
+                if (
+                    ticks[-1].error
+                    or self._sleep is not None
+                    or not self._wait_for_work(ticks[-1], started, until)
+                ):
+                    remaining = until - self.monotonic()
+                    if remaining > 0:
+                        if self._sleep is not None:
+                            self._sleep(remaining)
+                        elif self._stop.wait(remaining):
+                            break
                 if len(ticks) > 1000:
                     ticks = ticks[-1000:]
         finally:
@@ -183,6 +200,29 @@ class Worker:
                 # own exit comes after, and takes what CPU the machine leaves it.
                 log.info("worker-stopped", after_stop_s=round(self.monotonic() - self._stop_at, 3))
         return ticks
+
+    def _wait_for_work(self, last: TickStats, started: float, until: float) -> bool:
+        """Wait until a row falls due or ``until``; False when the database could not be asked (the
+        caller then waits out the interval). ``started``: when the last tick began (monotonic)."""
+        # A tick cut short by its batch size or deadline left due rows behind: the next starts when one
+        # is due. A tick that ended on its own took every due row it could; the rows due before it began
+        # that are still due are ones it could not take (channel paused, circuit open, poison, another
+        # worker's lock): only rows falling due since wake the worker, or a paused channel reopening.
+        cut_short = last.deadline_reached or (last.claims >= self.batch_size and not last.skipped)
+        try:
+            # The tick's start on the clock due times are read with (a database clock syncs once).
+            now = self.clock.now()
+        except DatabaseError:
+            return False
+        after = None if cut_short else now - timedelta(seconds=self.monotonic() - started)
+        pauses = [rt.blocked_until() for rt in self.channels.runtimes.values()]
+        wake = self.waiter.wait(until=min(until, reopens_at(pauses, self.monotonic())), after=after)
+        if wake is Wake.FAILED:
+            error = self.waiter.error
+            log.warning("wakeup-wait-failed", lane=self.lane, error=f"{type(error).__name__}: {error}"[:300])
+            self.lock.close()
+            return False
+        return True
 
     def close(self) -> None:
         """Release the lock, providers' connections, the commit thread, the send loop and thread pool."""

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from .. import bounds
 from ..channel_settings import ChannelSettings
+from ..db_rules import channel_triggers
 from ..url_policy import resolution_problems
 from ..validation import range_validators
 from .constraints import check_constraint, range_constraint
@@ -89,6 +90,7 @@ class ChannelConfig(models.Model):
             check_constraint(Q(retry_backoff__in=["fixed", "exponential"]), "nr_channel_backoff_valid"),
             check_constraint(~Q(fallback=models.F("pk")), "nr_channel_fallback_not_itself"),
         ]
+        triggers = channel_triggers()
 
     def __str__(self) -> str:
         return self.key

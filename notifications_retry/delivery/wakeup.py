@@ -1,0 +1,70 @@
+"""What a waiting worker asks the database: LISTEN for wake-ups, and when its next row falls due.
+
+Both run on one direct psycopg connection (the advisory lock's, see :mod:`notifications_retry.locks`):
+a pooled session cannot LISTEN, and writers notify from their own transactions through any pooler
+(``db_rules.wakeup_triggers``). The due time is read with one index probe per channel (the partial
+index on ``(channel, due_at, priority)``), however large the backlog of rows scheduled later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from notifications_retry.db_rules import WAKEUP_CHANNEL
+from notifications_retry.models import ChannelConfig, NotificationEntity
+
+_EARLIEST_DUE = f"""
+SELECT min(d.due_at)
+FROM {ChannelConfig._meta.db_table} c
+CROSS JOIN LATERAL (
+    SELECT t.due_at FROM {NotificationEntity._meta.db_table} t
+    WHERE t.channel_id = c.id AND t.due_at IS NOT NULL {{rows}}
+    ORDER BY t.due_at
+    LIMIT 1
+) d
+WHERE c.is_enabled {{channels}}
+"""
+
+
+def listen(conn: psycopg.Connection[Any]) -> None:
+    """Subscribe ``conn`` (autocommit) to the wake-up notifications."""
+    conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+
+
+def earliest_due(
+    conn: psycopg.Connection[Any],
+    *,
+    after: datetime | None,
+    channels: Collection[str] | None,
+    priorities: Sequence[int] | None,
+) -> datetime | None:
+    """The earliest ``due_at`` (later than ``after``, if given) of an enabled channel among ``channels``
+    (None: all), at one of ``priorities`` (None: any); None when no such row is due at all."""
+    # Conditions only when given: each variant keeps its own plan, an index range where it can.
+    rows = ("AND t.due_at > %(after)s " if after is not None else "") + (
+        "AND t.priority = ANY(%(priorities)s)" if priorities else ""
+    )
+    sql = _EARLIEST_DUE.format(
+        rows=rows, channels="AND c.key = ANY(%(keys)s)" if channels is not None else ""
+    )
+    params = {"after": after, "priorities": list(priorities or []), "keys": sorted(channels or [])}
+    row = conn.execute(sql, params).fetchone()
+    return row[0] if row is not None else None
+
+
+def notified(conn: psycopg.Connection[Any], seconds: float) -> bool:
+    """Wait up to ``seconds`` for a wake-up; True when one came (every one waiting is consumed)."""
+    got = False
+    for _ in conn.notifies(timeout=max(0.0, seconds), stop_after=1):
+        got = True
+    if got:  # a burst arrives together: take the rest without waiting
+        for _ in conn.notifies(timeout=0):
+            pass
+    return got
+
+
+__all__ = ["earliest_due", "listen", "notified"]

@@ -1,0 +1,154 @@
+"""Between a looping worker's ticks: wait until a row falls due, a writer says one did, or the interval ends.
+
+A tick every ``INTERVAL_SECONDS`` sent a row due just after a tick up to a whole interval late. Here
+the worker asks the database when its next row falls due and wakes then; a write that makes a row
+due sooner (a new scheduled or hand-off row, a retry, a requeue, "retry now", a re-enabled channel)
+NOTIFYs it (``db_rules.wakeup_triggers``), and it asks again. A poll every :data:`POLL_SECONDS`
+covers a notification that never came (a dropped connection, a writer with triggers disabled). So
+while nothing is due, a worker costs the database one cheap statement per poll, plus its tick (lock,
+heartbeat, bookkeeping) once an interval.
+
+Rows due that the last tick could not take (channel paused, circuit open, rows set aside as poison,
+the lock held by another worker) must not make the worker tick again at once, over and over: after
+a tick that took nothing, only rows falling due after that tick began count, until the interval
+ends or a paused channel may send again.
+
+The rule runs on a :class:`WakeupPort` (the database side), so unit tests drive it with a fake port
+and a fake clock: no thread, no sleep.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import psycopg
+
+from notifications_retry.clock import Clock
+from notifications_retry.delivery import wakeup
+from notifications_retry.locks import AdvisoryLock
+
+#: The fallback poll: the longest a worker waits without asking the database when its next row is due.
+POLL_SECONDS = 2.0
+#: The longest a wait runs without looking at the stop flag (a signal handler only sets it).
+STOP_CHECK_SECONDS = 0.2
+
+
+class Wake(enum.Enum):
+    """Why a wait ended."""
+
+    DUE = "due"  # a row is due now
+    INTERVAL = "interval"  # the interval ended (or a paused channel may send again)
+    STOP = "stop"  # a stop was asked for
+    FAILED = "failed"  # the database could not be asked (:attr:`Waiter.error`): wait out the interval
+
+
+class WakeupPort(Protocol):
+    """What the rule asks of the database."""
+
+    def earliest_due(self, after: datetime | None) -> datetime | None:
+        """The earliest due time of this worker's rows (later than ``after``, if given), or None."""
+
+    def notified(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a wake-up notification; True when one came."""
+
+
+class Waiter:
+    """The wait between two ticks of a looping worker (see the module's docstring)."""
+
+    def __init__(
+        self,
+        port: WakeupPort,
+        *,
+        clock: Clock,
+        monotonic: Callable[[], float],
+        stopping: Callable[[], bool],
+        poll_seconds: float = POLL_SECONDS,
+    ) -> None:
+        self.port = port
+        self.clock = clock
+        self.monotonic = monotonic
+        self.stopping = stopping
+        self.poll_seconds = poll_seconds
+        #: What the database raised when a wait ended :attr:`Wake.FAILED`.
+        self.error: psycopg.Error | None = None
+
+    def wait(self, *, until: float, after: datetime | None = None) -> Wake:
+        """Wait until a row is due (later than ``after``, when given), or ``until`` (monotonic seconds)."""
+        self.error = None
+        try:
+            return self._wait(until, after)
+        except psycopg.Error as exc:
+            self.error = exc
+            return Wake.FAILED
+
+    def _wait(self, until: float, after: datetime | None) -> Wake:
+        while True:
+            if self.stopping():
+                return Wake.STOP
+            now = self.monotonic()
+            if now >= until:
+                return Wake.INTERVAL
+            earliest = self.port.earliest_due(after)
+            due_at = math.inf
+            if earliest is not None:
+                delay = (earliest - self.clock.now()).total_seconds()
+                if delay <= 0:
+                    return Wake.DUE
+                due_at = now + delay
+            if not self._notified_before(min(until, due_at), now + self.poll_seconds):
+                if self.stopping():
+                    return Wake.STOP
+                if self.monotonic() >= min(until, due_at):
+                    return Wake.DUE if due_at <= until else Wake.INTERVAL
+            # Notified, or the poll is due: ask for the earliest due time again.
+
+    def _notified_before(self, wake_at: float, poll_at: float) -> bool:
+        """Wait for a notification until ``wake_at`` or ``poll_at``, looking at the stop flag meanwhile;
+        False when none came (the timer ran out, the poll is due, or a stop was asked for)."""
+        while not self.stopping():
+            now = self.monotonic()
+            if now >= min(wake_at, poll_at):
+                return False
+            if self.port.notified(min(wake_at, poll_at, now + STOP_CHECK_SECONDS) - now):
+                return True
+        return False
+
+
+def reopens_at(pauses: Sequence[float], now: float) -> float:
+    """The earliest of the channels' pause and cool-down ends still ahead of ``now`` (inf: none)."""
+    return min((at for at in pauses if at > now), default=math.inf)
+
+
+class LockConnectionPort:
+    """The :class:`WakeupPort` on the advisory lock's direct connection, LISTENing from first use
+    (again after a reconnection)."""
+
+    def __init__(
+        self, lock: AdvisoryLock, *, channels: Collection[str] | None, priorities: Sequence[int] | None
+    ) -> None:
+        self.lock = lock
+        self.channels = channels
+        self.priorities = priorities
+        self._listening: Any = None
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        conn = self.lock.session()
+        if conn is not self._listening:
+            wakeup.listen(conn)
+            self._listening = conn
+        return conn
+
+    def earliest_due(self, after: datetime | None) -> datetime | None:
+        conn = self._conn()
+        wakeup.notified(conn, 0.0)  # what came before this question is answered by it
+        return wakeup.earliest_due(conn, after=after, channels=self.channels, priorities=self.priorities)
+
+    def notified(self, seconds: float) -> bool:
+        return wakeup.notified(self._conn(), seconds)
+
+
+__all__ = ["POLL_SECONDS", "LockConnectionPort", "Waiter", "Wake", "WakeupPort", "reopens_at"]

@@ -1,0 +1,117 @@
+"""Wake-ups on real PostgreSQL: which committed writes NOTIFY a listening worker, and its next due time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from notifications_retry import api
+from notifications_retry.delivery import ChannelClaim, claim_due, finalize, release
+from notifications_retry.engine.wakeup import LockConnectionPort
+from notifications_retry.locks import AdvisoryLock
+from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.outcomes import RETRY, Outcome
+from tests.factories import ChannelFactory, NotificationFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Long enough for a notification committed before the wait to arrive; a missing one fails the test.
+ARRIVAL_SECONDS = 10.0
+#: How long a test waits to see that no notification comes (one that was sent is there within ms).
+SILENCE_SECONDS = 0.5
+
+
+@pytest.fixture
+def lock() -> Iterator[AdvisoryLock]:
+    held = AdvisoryLock("tests:wakeup")
+    yield held
+    held.close()
+
+
+def listening(lock: AdvisoryLock, **scope: object) -> LockConnectionPort:
+    """A port LISTENing already, with every notification so far consumed."""
+    port = LockConnectionPort(lock, channels=scope.get("channels"), priorities=scope.get("priorities"))  # type: ignore[arg-type]
+    port.earliest_due(None)
+    while port.notified(SILENCE_SECONDS):
+        pass
+    return port
+
+
+def test_a_scheduled_row_wakes_the_worker_and_sets_its_next_due_time(lock: AdvisoryLock) -> None:
+    channel = ChannelFactory(key="app")
+    port = listening(lock)
+    assert port.earliest_due(None) is None
+    send_at = timezone.now() + timedelta(seconds=30)
+    api.schedule_notification(channel=channel, recipient="a@example.com", send_at=send_at)
+    assert port.notified(ARRIVAL_SECONDS)
+    assert port.earliest_due(None) == send_at
+
+
+def test_a_fresh_row_for_the_monolith_wakes_no_one(lock: AdvisoryLock) -> None:
+    channel = ChannelFactory(key="app")
+    port = listening(lock)
+    api.create_notification(channel=channel, recipient="a@example.com")  # the monolith sends it first
+    assert not port.notified(SILENCE_SECONDS)
+    assert port.earliest_due(None) is None
+
+
+def test_a_claim_wakes_no_one_and_a_sooner_retry_or_a_release_does(lock: AdvisoryLock) -> None:
+    channel = ChannelFactory(key="app", timeout_seconds=30)
+    now = timezone.now()
+    NotificationFactory(
+        channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
+    )
+    NotificationFactory(
+        channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
+    )
+    port = listening(lock)
+    batch = claim_due(now, [ChannelClaim(channel.pk, 2, 60.0)], total=2, budgets={channel.pk: (5, "app")})
+    assert len(batch.records) == 2
+    assert not port.notified(SILENCE_SECONDS)  # due_at moved to the lease's end: later
+    first, second = batch.records
+    retry_at = now + timedelta(seconds=5)  # sooner than the lease's end
+    assert finalize([Outcome(first, RETRY, error_kind="http_5xx", next_attempt_at=retry_at)], now).applied
+    assert port.notified(ARRIVAL_SECONDS)
+    assert port.earliest_due(None) == retry_at
+    assert release([second]) == 1
+    assert port.notified(ARRIVAL_SECONDS)
+    assert port.earliest_due(None) == now
+
+
+def test_a_re_enabled_channel_wakes_the_worker(lock: AdvisoryLock) -> None:
+    channel = ChannelFactory(key="app", is_enabled=False)
+    NotificationFactory(
+        channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=timezone.now()
+    )
+    port = listening(lock)
+    assert port.earliest_due(None) is None  # a disabled channel's rows wake no one
+    ChannelConfig.objects.filter(pk=channel.pk).update(is_enabled=True)
+    assert port.notified(ARRIVAL_SECONDS)
+    assert port.earliest_due(None) is not None
+
+
+def test_the_next_due_time_is_the_lanes_own(lock: AdvisoryLock) -> None:
+    now = timezone.now()
+    mine, other = ChannelFactory(key="mine"), ChannelFactory(key="other")
+
+    def due(channel: ChannelConfig, seconds: float, priority: int = 5) -> None:
+        NotificationFactory(
+            channel=channel,
+            status=NotificationEntity.Status.FAILED,
+            attempts=1,
+            priority=priority,
+            next_attempt_at=now + timedelta(seconds=seconds),
+        )
+
+    due(other, 1)
+    due(mine, 3, priority=1)
+    due(mine, 5)
+    due(mine, 7)
+    assert listening(lock).earliest_due(None) == now + timedelta(seconds=1)
+    lane = listening(lock, channels={"mine"})
+    assert lane.earliest_due(None) == now + timedelta(seconds=3)
+    assert lane.earliest_due(now + timedelta(seconds=5)) == now + timedelta(seconds=7)
+    assert listening(lock, channels={"mine"}, priorities=[5]).earliest_due(None) == now + timedelta(seconds=5)
