@@ -16,7 +16,9 @@
 - :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
 - :mod:`.health` counts each batch's provider calls into a channel's health window and applies its
   automatic changes (and the operator's re-enable), with their outbox events;
-- :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows).
+- :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows);
+- :mod:`.wakeup` is what a waiting worker asks: LISTEN, and when its next row falls due (it writes no
+  rows).
 
 The provider is always called with no transaction open: claim short, call, finalize short.
 """
