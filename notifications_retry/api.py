@@ -15,8 +15,6 @@ once that time has come, and so is a Failed one whose ``next_attempt_at`` has co
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import random
 import time
@@ -29,6 +27,7 @@ from django.db import connection, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from notifications_retry.asyncio_bridge import run_sync
 from notifications_retry.clock import default_clock
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
@@ -345,18 +344,7 @@ def _call_once(provider: Provider, message: OutgoingMessage) -> SendResult:
         finally:
             provider.close()
 
-    if _running_loop() is None:
-        return asyncio.run(call())
-    # Called from a thread whose loop is running (asyncio.run cannot nest): a thread of its own.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, call()).result()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    return run_sync(call())
 
 
 # -- the suppression list ----------------------------------------------------------------------------

@@ -21,18 +21,18 @@ from typing import Any
 
 import structlog
 
+from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import ChannelClaim, release
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import Claims
 from notifications_retry.engine.completer import Commits
-from notifications_retry.engine.executor import Executor
+from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.ownership import Ownership
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.outcomes import ClaimedRecord, Outcome
 
@@ -44,9 +44,6 @@ COLLECT_DELAY_SECONDS = 0.002
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
 LOCK_CHECK_SECONDS = 0.5
-#: Once no more is claimed, calls still running this long past the channel timeout are abandoned (a
-#: provider that ignores its own deadline): the tick ends, the records come back after their lease.
-CALLS_DRAIN_GRACE_SECONDS = 0.5
 
 
 class Finished:
@@ -69,7 +66,7 @@ class Dispatcher:
         executor: Executor,
         completer: Commits,
         reporter: OutcomeReporter,
-        send_loop: Callable[[], SendLoop],
+        send_loop: Callable[[], LoopThread],
         monotonic: Callable[[], float],
         stopping: Callable[[], bool],
         lane_priorities: list[int] | None,
@@ -127,10 +124,11 @@ class Dispatcher:
         ownership.begin(lock_checked_at)  # the tick took the lock just now
         chunk = max(1, min(self.conf.CLAIM_CHUNK_SIZE, batch_size))
         self.abandoned = False
-        # No call may outlive its timeout and the executor's grace: past that (a provider that ignores
+        # No call may outlive its timeout and the executor's grace (the one grace after a timeout, so
+        # the executor's own timeout outcome always comes first): past that (a provider that ignores
         # its own deadline) the tick stops waiting, and the records come back after their lease.
         calls_bound = max([float(rt.config.timeout_seconds) for rt in runtimes.values()] or [0.0])
-        calls_bound += CALLS_DRAIN_GRACE_SECONDS
+        calls_bound += ABANDON_GRACE_SECONDS
         drain_from: float | None = None
         claims = self.claims
         claims.begin_tick(runtimes, stats)

@@ -35,8 +35,9 @@ from notifications_retry.outcomes import (
 from notifications_retry.providers import OutgoingMessage, Provider
 from notifications_retry.providers.base import SendResult
 
-#: A provider call that outlives its channel timeout by this much is abandoned as a timeout.
-ABANDON_GRACE_SECONDS = 1.0
+#: The grace after a timeout, the only one: a provider call that outlives its channel timeout by this much
+#: is abandoned as a timeout, and a tick that stopped claiming waits no longer for its calls.
+ABANDON_GRACE_SECONDS = 0.5
 
 
 class Executor:

@@ -27,6 +27,7 @@ import structlog
 from django.db import DatabaseError, InterfaceError, connection, transaction
 
 from notifications_retry import signals
+from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_transaction, drop_broken_connection
@@ -38,7 +39,6 @@ from notifications_retry.engine.completer import Commits, Completer
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.engine.send_loop import SendLoop
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.locks import AdvisoryLock
@@ -110,7 +110,7 @@ class Worker:
             monotonic=monotonic,
             stopping=self._stop.is_set,
         )
-        self._send_loop: SendLoop | None = None
+        self._send_loop: LoopThread | None = None
         self._keys: dict[int, str] = {}
         self.reporter = OutcomeReporter(self._keys)
         self.executor = Executor(
@@ -230,7 +230,7 @@ class Worker:
         self.completer.close()
         self.channels.close()
         if self._send_loop is not None:
-            self._send_loop.close()
+            self._send_loop.stop()
             self._send_loop = None
         self.executor.close()
 
@@ -351,9 +351,10 @@ class Worker:
         metrics.LOCK_HELD.labels(self.lane).set(0)
         self._commit_waiting(bound)
 
-    def _loop(self) -> SendLoop:
+    def _loop(self) -> LoopThread:
+        """The loop the sends run on: every call in flight waits there, a coroutine each, not a thread."""
         if self._send_loop is None:
-            self._send_loop = SendLoop()
+            self._send_loop = LoopThread("notifications-retry-send-loop")
         return self._send_loop
 
     # -- bookkeeping ---------------------------------------------------------------------------

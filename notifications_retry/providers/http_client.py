@@ -16,12 +16,11 @@ hooks this needs (parser limits, a socket factory, ``trust_env=False``) without 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import socket
 import ssl
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiohttp
@@ -45,7 +44,6 @@ __all__ = [
     "TransportError",
     "UrlRefused",
     "check_header",
-    "run_sync",
 ]
 
 #: Longest status line accepted (bytes): aiohttp refuses a longer one before buffering it.
@@ -62,22 +60,6 @@ _T = TypeVar("_T")
 
 #: Checks an address the client is about to connect to: a reason to refuse it, or None.
 AddressGuard = Callable[[str], "str | None"]
-
-
-def run_sync(coroutine: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``coroutine`` to completion from synchronous code, on a new event loop.
-
-    A thread that already runs a loop (a notebook, a Playwright session, an async framework's
-    thread) cannot start another: the coroutine then runs on a short-lived thread of its own.
-    """
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is None:  # outside the except block: a failure of the coroutine is not chained to it
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="notifications-retry-sync") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 class TransportError(Exception):

@@ -13,13 +13,14 @@ from urllib.parse import urlsplit
 from django.conf import settings as django_settings
 
 from .. import url_policy
+from ..asyncio_bridge import run_sync
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
 from ..evidence import Evidence, answer_text
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from ..retry import retry_after_seconds
 from ..version import __version__
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
-from .http_client import HttpClient, NeverConnected, Response, TransportError, check_header, run_sync
+from .http_client import HttpClient, NeverConnected, Response, TransportError, check_header
 from .webhook_signing import Signer, secret_problems
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.

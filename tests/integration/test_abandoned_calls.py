@@ -1,4 +1,4 @@
-"""A provider call that outlives its channel's timeout by a second is abandoned as a retriable timeout."""
+"""A provider call that outlives its channel's timeout by the grace is abandoned as a retriable timeout."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def test_a_provider_that_ignores_its_deadline_is_abandoned_in_bounded_time(clock
     started = time.monotonic()
     stats = run_tick(clock, max_duration=0.2)
     took = time.monotonic() - started
-    # timeout + the executor's grace + one second, and some room for a loaded machine.
+    # timeout + the grace after a timeout + one second, and some room for a loaded machine.
     assert took < 0.3 + 1.0 + 1.0 + 2.0, took
     assert stats.error == ""
     for row in rows:

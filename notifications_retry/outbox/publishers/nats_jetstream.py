@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.outbox.publishers.base import (
     Publisher,
     PublishError,
@@ -23,7 +24,6 @@ from notifications_retry.outbox.publishers.base import (
     event_body,
     refuse_bad_options,
 )
-from notifications_retry.outbox.publishers.event_loop import LoopThread
 
 DEFAULTS: dict[str, Any] = {
     "servers": ["nats://127.0.0.1:4222"],

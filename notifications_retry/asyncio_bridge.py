@@ -1,0 +1,110 @@
+"""Synchronous code meeting asynchronous code: the app's one loop-on-a-thread and its one sync-to-async call.
+
+- :func:`run_sync` runs a coroutine to completion from synchronous code (``api.send_now``, a webhook
+  provider's ``send``): on a new loop, or on a short-lived thread when this thread runs a loop already.
+- :class:`LoopThread` keeps an event loop running on a daemon thread: the worker's sends (spawned as
+  tasks) and the asynchronous broker clients of the outbox relay (called and waited for) live there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+#: How long :meth:`LoopThread.stop` waits for cancelled tasks to run out and for the thread to end.
+STOP_TIMEOUT_SECONDS = 5.0
+
+
+def run_sync(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coroutine`` to completion from synchronous code, on a new event loop.
+
+    A thread that already runs a loop (a notebook, a Playwright session, an async framework's
+    thread) cannot start another: the coroutine then runs on a short-lived thread of its own.
+    """
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is None:  # outside the except block: a failure of the coroutine is not chained to it
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="notifications-retry-sync") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+class LoopThread:
+    """An event loop on a daemon thread of its own, started at the first call (again after :meth:`stop`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # Spawned tasks: the loop keeps only weak references to tasks.
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name=self.name, daemon=True)
+            self._thread.start()
+        return self._loop
+
+    def run(self, coroutine: Coroutine[Any, Any, _T], timeout: float) -> _T:
+        """The coroutine's result; TimeoutError (the coroutine cancelled) after ``timeout`` seconds."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._started())
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no result within {timeout:g}s") from None
+
+    def spawn(self, coroutines: Iterable[Coroutine[Any, Any, None]]) -> None:
+        """Start the coroutines as tasks on the loop, without waiting (one wake-up of the loop for all)."""
+        batch = list(coroutines)
+        if batch:
+            self._started().call_soon_threadsafe(self._start, batch)
+
+    def _start(self, batch: list[Coroutine[Any, Any, None]]) -> None:
+        loop = asyncio.get_running_loop()
+        for coroutine in batch:
+            task = loop.create_task(coroutine)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop and let it run out, then stop the loop and join its thread."""
+        loop, thread = self._loop, self._thread
+        self._loop, self._thread = None, None
+        if loop is None or thread is None:
+            return
+        if thread.is_alive():
+            # Whatever was spawned, or a client library left scheduled, is cancelled and run out (its
+            # transports closed), not dropped half-started with the loop.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(STOP_TIMEOUT_SECONDS)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(STOP_TIMEOUT_SECONDS)
+        if not thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                loop.close()
+
+
+async def _cancel_pending() -> None:
+    await asyncio.sleep(0)  # tasks spawned just before the stop start first
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0)  # transports finish closing
+
+
+__all__ = ["LoopThread", "run_sync"]
