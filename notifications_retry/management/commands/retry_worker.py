@@ -61,7 +61,8 @@ class Command(BaseCommand):
             "--interval",
             type=option_types.positive_float,
             default=None,
-            help=f"Seconds between tick starts, > 0 (default {conf.INTERVAL_SECONDS:g}); "
+            help=f"Most seconds between tick starts, > 0 (default {conf.INTERVAL_SECONDS:g}; a row "
+            "falling due starts one sooner); "
             "longer after ticks that failed on the database (doubling from 1 s up to 30 s).",
         )
         parser.add_argument(
