@@ -114,7 +114,8 @@ def channel(key: str, provider_key: str = "stub", **fields: Any) -> int:
 def reset_rows() -> None:
     """Empty the notification and outbox tables (TRUNCATE fires no row triggers)."""
     with connect(autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {OUTBOX}, notifications_retry_deadletteraction, {TABLE}")
+        # CASCADE: the tables that reference notifications (delivery statuses, ...) are emptied with them.
+        conn.execute(f"TRUNCATE {OUTBOX}, notifications_retry_deadletteraction, {TABLE} CASCADE")
 
 
 def add_rows(

@@ -20,7 +20,8 @@ ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.out
 :mod:`.channel_settings`, :mod:`.clock`, :mod:`.deadlines` (a call's deadline that a paused process
 does not turn into a timeout), :mod:`.exceptions`, :mod:`.exception_chain`,
 :mod:`.signals`, :mod:`.tcp_settings`, :mod:`.version`, :mod:`.addresses` (recipients as the
-suppression list stores them). pyproject.toml's import contracts place each of them in a layer.
+suppression list stores them), :mod:`.asyncio_bridge` (the one loop on a thread, and running a
+coroutine from synchronous code). pyproject.toml's import contracts place each of them in a layer.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 dotted path. The broker publishers import their clients (extras ``rabbitmq``, ``nats``) when built.
 
 Modules: :mod:`.base` (the interface), :mod:`.log`, :mod:`.http`, :mod:`.rabbitmq`,
-:mod:`.nats_jetstream`, and :mod:`.event_loop` (a loop on a thread for the asynchronous brokers).
+:mod:`.nats_jetstream` (the asynchronous brokers' clients run on ``asyncio_bridge.LoopThread``).
 """
 
 from __future__ import annotations
