@@ -217,13 +217,23 @@ class DateRangeFilter(admin.FieldListFilter):
         return True
 
     @staticmethod
+    def _plain_date(text: str) -> bool:
+        """A date without a time (``parse_datetime`` reads one as its midnight: asked first, this says so)."""
+        try:
+            return parse_date(text) is not None
+        except ValueError:
+            return False
+
+    @staticmethod
     def _bound(text: str, *, end: bool) -> datetime:
-        moment = parse_datetime(text)
-        if moment is None:
-            day = parse_date(text)
-            if day is None:
-                raise ValidationError(f"not a date: {text!r}")
+        day = parse_date(text) if DateRangeFilter._plain_date(text) else None
+        if day is not None:
             moment = datetime.combine(day + timedelta(days=1) if end else day, time.min)
+        else:
+            parsed = parse_datetime(text)
+            if parsed is None:
+                raise ValidationError(f"not a date: {text!r}")
+            moment = parsed
         if timezone.is_naive(moment):
             moment = timezone.make_aware(moment)
         return moment
@@ -238,7 +248,7 @@ class DateRangeFilter(admin.FieldListFilter):
                 )
             if self.value_to:
                 end = self._bound(self.value_to, end=True)
-                lookup = "lt" if parse_datetime(self.value_to) is None else "lte"
+                lookup = "lt" if self._plain_date(self.value_to) else "lte"
                 queryset = queryset.filter(**{f"{self.field_path}__{lookup}": end})
         except (ValidationError, ValueError) as exc:
             raise IncorrectLookupParameters(exc) from exc
@@ -265,8 +275,8 @@ class DateRangeFilter(admin.FieldListFilter):
             "hidden": hidden,
             "param_from": self.param_from,
             "param_to": self.param_to,
-            "value_from": self.value_from[:10] if parse_datetime(self.value_from) is None else "",
-            "value_to": self.value_to[:10] if parse_datetime(self.value_to) is None else "",
+            "value_from": self.value_from[:10] if self._plain_date(self.value_from) else "",
+            "value_to": self.value_to[:10] if self._plain_date(self.value_to) else "",
             "current": (self.value_from, self.value_to) if (self.value_from or self.value_to) else None,
         }
 

@@ -169,3 +169,16 @@ def test_the_bulk_action_keeps_its_cap(operator, hook):
     )
     assert "1500 notifications match; the cap for one action is 1000" in response.content.decode()
     assert NotificationEntity.objects.filter(requeue_count=1).count() == 0
+
+
+def test_a_plain_dates_to_takes_that_whole_day_in_the_list_as_on_the_start_page(operator):
+    channel = ChannelFactory(key="hook", max_attempts=5)
+    seed_dead_letters(channel, 10, first=datetime(2026, 3, 1, 12, tzinfo=UTC))  # that day, at noon
+    seed_dead_letters(channel, 3, first=datetime(2026, 3, 2, 0, 0, 1, tzinfo=UTC))  # the next day
+    query = (
+        f"?channel__id__exact={channel.pk}&dead_lettered_at__from=2026-03-01&dead_lettered_at__to=2026-03-01"
+    )
+    listed = operator.get(reverse(LIST) + query)
+    assert listed.context["cl"].result_count == 10
+    assert 'value="2026-03-01"' in listed.content.decode()  # the form keeps the date it filters by
+    assert 'id="nr-matching">10<' in operator.get(start_link(listed)).content.decode()
