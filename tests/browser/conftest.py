@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-# Playwright's sync API runs an event loop in this thread; Django would refuse ORM calls from it.
-os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 # The live server listens on the loopback address only (the tests reach nothing else).
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "127.0.0.1")
 
@@ -27,16 +25,25 @@ CHROMIUM_ARGS = [
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module, stopped with it.
+
+    Playwright's sync API leaves its event loop marked running in this thread while it lives, so every
+    later ``asyncio.run`` in the process would refuse to start: a module's browser must not outlive it.
+    Django refuses ORM calls from a thread that runs a loop; the browser tests' own ORM calls are allowed
+    for that time only, so the rest of the suite still catches an ORM call made from an event loop.
+    """
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/ensure-chromium (make test does)")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
 
 
 #: The screen the admin must fit: a common laptop / office monitor width, both admin sidebars open.

@@ -192,8 +192,10 @@ def test_a_tick_is_skipped_when_another_instance_owns_the_lock(clock):
 
 @pytest.mark.django_db(transaction=True)
 def test_tick_stops_claiming_when_the_lock_is_lost(clock):
+    # 20 sends of 0.1 s one at a time take 2 s; the lock is asked every 0.5 s (LOCK_CHECK_SECONDS) and
+    # its session dies at the second question, about halfway through.
     channel = ChannelFactory(
-        key="email", provider_key="stub", options={"delay_seconds": 0.05}, max_concurrency=1
+        key="email", provider_key="stub", options={"delay_seconds": 0.1}, max_concurrency=1
     )
     due_records(clock, channel, 20)
     worker = Worker(clock=clock)
