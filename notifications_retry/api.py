@@ -32,14 +32,21 @@ from notifications_retry.clock import default_clock
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.create import create_pending
+from notifications_retry.delivery.finalize import release
 from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased, settle_suppressed
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
 from notifications_retry.evidence import NO_ANSWER, evidence_of
-from notifications_retry.exceptions import InvalidTransition
+from notifications_retry.exceptions import ChannelConfigurationError, InvalidTransition
 from notifications_retry.observability.excerpts import masked
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
-from notifications_retry.outcomes import Failure, failure_of
-from notifications_retry.providers import OutgoingMessage, Provider, SendResult, get_provider_class
+from notifications_retry.outcomes import ClaimedRecord, Failure, failure_of
+from notifications_retry.providers import (
+    OutgoingMessage,
+    Provider,
+    SendResult,
+    channel_problems,
+    get_provider_class,
+)
 
 from . import arguments, bounds
 from .conf import get_settings
@@ -309,7 +316,7 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
     record, channel = lease_fresh(pk, now=clock.now())
     failure: Failure | None = None
     message_id: str | None = None
-    provider = get_provider_class(channel.provider_key)(channel.settings())
+    provider = _provider_or_release(record, channel)
     started = time.monotonic()
     try:
         result = _call_once(provider, OutgoingMessage.of(record, channel.key))
@@ -330,6 +337,23 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
         duration_ms=(time.monotonic() - started) * 1000,
     )
     return NotificationEntity.objects.get(pk=record.id)
+
+
+def _provider_or_release(record: ClaimedRecord, channel: ChannelConfig) -> Provider:
+    """The channel's provider, built under the same guard as the worker's channel load.
+
+    A channel row that cannot work (an unknown provider key, options raw SQL made malformed) is the
+    channel's problem, not the row's: the lease is given back with its attempt, the row waits for the
+    channel to be fixed as the worker leaves it waiting, and the caller gets a clear error.
+    """
+    problems = channel_problems(channel.provider_key, channel.options)
+    if not problems:
+        try:
+            return get_provider_class(channel.provider_key)(channel.settings())
+        except Exception as exc:
+            problems = [f"{type(exc).__name__}: {exc}"]
+    release([record])
+    raise ChannelConfigurationError(f"channel {channel.key!r} cannot send: {'; '.join(problems)}")
 
 
 def _call_once(provider: Provider, message: OutgoingMessage) -> SendResult:

@@ -3,12 +3,13 @@ backoff, budget, dead-letter fields, outbox event), refused clearly when the row
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from notifications_retry import api
 from notifications_retry.conf import get_settings
@@ -16,7 +17,7 @@ from notifications_retry.delivery import ChannelClaim, claim_due
 from notifications_retry.delivery.handoff import lease_fresh
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.worker import Worker
-from notifications_retry.exceptions import InvalidTransition
+from notifications_retry.exceptions import ChannelConfigurationError, InvalidTransition
 from notifications_retry.models import NotificationEntity, Outbox
 from notifications_retry.providers import get_provider_class
 from tests.factories import ChannelFactory, NotificationFactory
@@ -180,3 +181,27 @@ def test_a_send_now_lease_is_as_long_as_a_workers_claim_of_the_same_channel():
     provider = get_provider_class(channel.provider_key)(channel.settings())
     worker_side = ChannelRuntime(channel, provider, get_settings(), max_concurrency=1, rate_limit=None)
     assert record.lease_expires_at == NOW + timedelta(seconds=worker_side.lease_seconds(get_settings()))
+
+
+@pytest.mark.parametrize(
+    ("provider_key", "options", "problem"),
+    [
+        ("webhook", {"url": "http://[::1"}, "url"),  # urlsplit raises on it
+        ("no_such_provider", {}, "unknown provider key"),
+        ("webhook", ["not", "an", "object"], "options"),
+    ],
+)
+def test_send_now_on_a_channel_that_cannot_work_gives_the_row_back(provider_key, options, problem):
+    # Rows written past the admin (raw SQL, a restore): the channel's problem, not the row's.
+    row = fresh(key="hook")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE notifications_retry_channelconfig SET provider_key = %s, options = %s::jsonb"
+            " WHERE id = %s",
+            [provider_key, json.dumps(options), row.channel_id],
+        )
+    with pytest.raises(ChannelConfigurationError, match=f"channel 'hook' cannot send: .*{problem}"):
+        api.send_now(row)
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.claim_token) == (Status.PENDING, 0, None)
+    assert events(row) == []
