@@ -1,5 +1,5 @@
-"""Housekeeping: expire stale dead letters, prune published outbox rows, old backlog samples and
-suppressions whose expiry has passed.
+"""Housekeeping: expire stale dead letters, prune published outbox rows, old backlog samples,
+suppressions whose expiry has passed and endpoint-health buckets that left the health window.
 
 Run it daily (``manage.py notifications_housekeeping``). Each step is a short transaction (or a few,
 for large deletions), so it can run next to the worker and the relay. The notification and outbox
@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 import structlog
 from django.utils import timezone
 
+from notifications_retry.delivery.health import prune_buckets
 from notifications_retry.delivery.outbox import prune_published_outbox
 from notifications_retry.delivery.suppression import prune_expired
 from notifications_retry.delivery.triage import expire_dead_letters
@@ -32,6 +33,7 @@ class HousekeepingReport:
     pruned_outbox: int
     pruned_backlog_samples: int
     pruned_suppressions: int = 0
+    pruned_health_buckets: int = 0
 
 
 def prune_backlog_samples(*, older_than: datetime) -> int:
@@ -58,6 +60,7 @@ def run_housekeeping(
         pruned_outbox=prune_published_outbox(older_than=now - outbox_retention),
         pruned_backlog_samples=prune_backlog_samples(older_than=now - sample_retention),
         pruned_suppressions=prune_expired(now=now),
+        pruned_health_buckets=prune_buckets(now=now),
     )
     log.info("housekeeping-completed", **dataclasses.asdict(report))
     return report

@@ -9,7 +9,8 @@ records a :class:`~notifications_retry.models.ChannelHealthChange` and inserts a
 metric and the ``channel_health_changed`` signal follow its commit.
 
 :func:`reenable` is the operator's way back (the admin's action): audited, refused during the
-cooldown after an automatic disable, and it starts the window afresh.
+cooldown after an automatic disable, and it starts the window afresh. :func:`prune_buckets` deletes the
+buckets that slid out of the window (housekeeping runs it): the table stays one window's worth.
 """
 
 from __future__ import annotations
@@ -101,6 +102,14 @@ def record(cursor: Any, outcomes: Sequence[Outcome], now: datetime) -> None:
         transition = health_rules.assess(state, window, limits)
         if transition is not None:
             change(cid, state, transition, now, window=window)
+
+
+def prune_buckets(*, now: datetime) -> int:
+    """Delete the buckets wholly before the health window (``HEALTH_WINDOW_SECONDS``): no sum reads them."""
+    limits = Thresholds.of(get_settings())
+    since = health_rules.bucket_start(now - timedelta(seconds=limits.window_seconds), limits)
+    deleted, _ = ChannelHealthBucket.objects.filter(bucket_start__lt=since).delete()
+    return deleted
 
 
 def change(

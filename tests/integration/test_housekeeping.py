@@ -11,7 +11,13 @@ from django.utils import timezone
 
 from notifications_retry import api, events
 from notifications_retry.housekeeping import prune_published_outbox, run_housekeeping
-from notifications_retry.models import BacklogSample, DeadLetterAction, NotificationEntity, Outbox
+from notifications_retry.models import (
+    BacklogSample,
+    ChannelHealthBucket,
+    DeadLetterAction,
+    NotificationEntity,
+    Outbox,
+)
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +133,22 @@ def test_command_reports_counts_and_takes_retentions_as_options(capsys):
         "expired 1 dead letter(s), pruned 1 outbox event(s) and 1 backlog sample(s)"
         in capsys.readouterr().out
     )
+
+
+def test_prunes_endpoint_health_buckets_that_left_the_window(settings):
+    # 24 buckets of an hour: the oldest one that still overlaps the window stays, older ones go.
+    settings.NOTIFICATIONS_RETRY = {"HEALTH_WINDOW_SECONDS": 86_400}
+    now = timezone.now().replace(minute=30, second=0, microsecond=0)
+    channel = ChannelFactory(key="hook")
+    hour = now.replace(minute=0)
+    for hours_ago in (0, 23, 24, 25, 48):
+        ChannelHealthBucket.objects.create(
+            channel=channel, bucket_start=hour - timedelta(hours=hours_ago), attempts=10, failures=10
+        )
+    report = run_housekeeping(now=now)
+    assert report.pruned_health_buckets == 2
+    kept = sorted(
+        (hour - b).total_seconds() / 3600
+        for b in ChannelHealthBucket.objects.values_list("bucket_start", flat=True)
+    )
+    assert kept == [0, 23, 24]

@@ -27,7 +27,7 @@ def promtool(*args: str, cwd: Path = RULES_DIR) -> subprocess.CompletedProcess[s
 def test_promtool_check_rules_accepts_the_rules_file():
     result = promtool("check", "rules", "alerts.yml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -117,3 +117,17 @@ def test_every_card_alert_exists_on_exported_metrics_with_a_runbook():
         assert used <= exported, (alert, used - exported)
         runbook = re.search(r"runbook: (\S+)", text)
         assert runbook and (RULES_DIR.parents[1] / runbook.group(1)).is_file(), alert
+
+
+def test_a_channel_disabled_rule_on_increase_only_misses_the_first_disable(tmp_path):
+    # A channel's first automatic disable is a series born at 1: increase() reads 0 over it.
+    rules = (RULES_DIR / "alerts.yml").read_text()
+    expr = rules.split("- alert: NotificationsChannelDisabled", 1)[1].split("expr: >-\n", 1)[1]
+    expr = expr.split("        labels:", 1)[0]
+    plain = (
+        "          sum by (channel) (increase("
+        'notifications_retry_channel_health_changes_total{state="disabled"}[1h])) > 0\n'
+    )
+    result = _promtool_test_with(tmp_path, expr, plain)
+    assert result.returncode != 0
+    assert "a channel disabled by a worker started over an hour ago" in result.stdout + result.stderr

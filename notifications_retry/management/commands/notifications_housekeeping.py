@@ -51,5 +51,6 @@ class Command(BaseCommand):
         self.stdout.write(
             f"expired {report.expired_dead_letters} dead letter(s), pruned {report.pruned_outbox} "
             f"outbox event(s) and {report.pruned_backlog_samples} backlog sample(s); "
-            f"deleted {report.pruned_suppressions} expired suppression(s)"
+            f"deleted {report.pruned_suppressions} expired suppression(s) and "
+            f"{report.pruned_health_buckets} endpoint-health bucket(s) past the health window"
         )
