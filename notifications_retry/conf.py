@@ -39,6 +39,7 @@ class RetrySettings:
     JITTER_RATIO: float = 0.1
     CLOCK: str = "database"
     WORKER_THREADS: int = 32
+    WORKER_MAX_IN_FLIGHT: int = 256
     COMMIT_THREAD: bool = True
     CLAIM_THREAD: bool = True
     CIRCUIT_FAILURE_THRESHOLD: int = 5

@@ -23,6 +23,7 @@ from notifications_retry.delivery.channel_rules import (
     lease_seconds,
 )
 from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
+from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.lanes import LaneSettings, shared_limits
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.observability import metrics
@@ -64,9 +65,12 @@ class ChannelRuntime:
         *,
         max_concurrency: int,
         rate_limit: float | None,
+        cap: InFlightCap | None = None,
     ) -> None:
         self.config = config
         self.provider = provider
+        #: The worker's cap on calls in flight, shared by all its channels (engine.in_flight).
+        self.cap = cap if cap is not None else InFlightCap(None)
         self.max_concurrency = max_concurrency
         self.rate_limit = rate_limit
         self.limiter = RateLimiter(rate_limit)
@@ -80,7 +84,7 @@ class ChannelRuntime:
         self.paused_at = 0.0
         #: The fallback channel's runtime when it is usable in this lane this tick (engine.failover).
         self.fallback: ChannelRuntime | None = None
-        self.inflight = 0
+        self._inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
         self.exhausted = False
         self.policy = backoff_policy(config, conf.JITTER_RATIO)
@@ -94,6 +98,21 @@ class ChannelRuntime:
     @property
     def key(self) -> str:
         return self.config.key
+
+    @property
+    def inflight(self) -> int:
+        """This channel's calls in flight (the worker's cap counts every channel's)."""
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self.cap.count += value - self._inflight
+        self._inflight = value
+
+    @property
+    def queued(self) -> int:
+        """Records claimed and not started yet."""
+        return len(self.queue)
 
     def lease_seconds(self, conf: RetrySettings) -> float:
         """This channel's lease (:func:`~notifications_retry.delivery.channel_rules.lease_seconds`)."""
@@ -109,7 +128,9 @@ class ChannelRuntime:
         if self.inline:
             wanted = chunk - len(self.queue)
         else:
-            wanted = (QUEUE_ROUNDS + 1) * self.max_concurrency - self.inflight - len(self.queue)
+            # The worker's own cap bounds one channel's calls too (fit_to_room shares it among channels).
+            concurrency = min(self.max_concurrency, self.cap.limit or self.max_concurrency)
+            wanted = (QUEUE_ROUNDS + 1) * concurrency - self.inflight - len(self.queue)
         wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
         if self.bypassed(now_mono):
             return self._fallback_capacity(now_mono)
@@ -160,6 +181,7 @@ class ChannelRuntime:
             self.accepts_failover(now_mono)
             and self.limiter.ready(now_mono)
             and self.inflight < self.max_concurrency
+            and self.cap.free
         )
 
     def blocked_until(self) -> float:
@@ -178,7 +200,7 @@ class ChannelRuntime:
         """Whether a send on this channel's own provider may start now."""
         if self.bypassed(now_mono) or not self.limiter.ready(now_mono):
             return False
-        return self.inline or self.inflight < self.max_concurrency
+        return self.inline or (self.inflight < self.max_concurrency and self.cap.free)
 
     def reset_for_tick(self, config: ChannelConfig) -> None:
         """A new tick: fresh config row, nothing queued (calls still in flight keep their count)."""
@@ -197,8 +219,11 @@ class ChannelSet:
         lane: str,
         channels: Collection[str] | None,
         provider_factory: Callable[[ChannelConfig], Provider] | None = None,
+        cap: InFlightCap | None = None,
     ) -> None:
         self.conf = conf
+        #: The worker's cap on calls in flight, shared by every runtime of this set.
+        self.cap = cap if cap is not None else InFlightCap(None)
         self.lanes = lanes
         self.lane = lane
         self.channels = channels
@@ -287,7 +312,12 @@ class ChannelSet:
                 rate_limit=float(config.rate_limit_per_second) if config.rate_limit_per_second else None,
             )
             runtime = ChannelRuntime(
-                config, self._factory(config), self.conf, max_concurrency=concurrency, rate_limit=rate
+                config,
+                self._factory(config),
+                self.conf,
+                max_concurrency=concurrency,
+                rate_limit=rate,
+                cap=self.cap,
             )
             # A new breaker starts closed; publishing it makes "circuit open" alerts resolvable.
             metrics.CIRCUIT_STATE.labels(config.key).set(metrics.CIRCUIT_STATE_VALUES["closed"])

@@ -31,6 +31,7 @@ from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
+from notifications_retry.engine.in_flight import fit_to_room
 from notifications_retry.engine.ownership import Ownership
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.locks import AdvisoryLock
@@ -159,8 +160,11 @@ class Dispatcher:
             claims.take_ahead(bound, wait=not claiming)
             if claiming:
                 with self.settle_lock:
+                    wanted = fit_to_room(
+                        runtimes, {c: rt.capacity(now_mono, chunk) for c, rt in runtimes.items()}
+                    )
                     plan = [
-                        ChannelClaim(cid, rt.capacity(now_mono, chunk), rt.lease_seconds(self.conf))
+                        ChannelClaim(cid, wanted[cid], rt.lease_seconds(self.conf))
                         for cid, rt in runtimes.items()
                     ]
                 plan = [p for p in plan if p.limit > 0]

@@ -38,6 +38,7 @@ from notifications_retry.engine.commit_thread import ThreadedCompleter
 from notifications_retry.engine.completer import Commits, Completer
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
+from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
@@ -61,6 +62,7 @@ class Worker:
         max_duration: float | None = None,
         interval: float | None = None,
         lane: str | None = None,
+        max_in_flight: int | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         sleep: Callable[[float], None] | None = None,
@@ -76,6 +78,9 @@ class Worker:
             raise ValueError(f"max duration must be > 0, got {self.max_duration}")
         if self.interval < 0:
             raise ValueError(f"interval must be >= 0, got {self.interval}")
+        self.max_in_flight = max_in_flight if max_in_flight is not None else conf.WORKER_MAX_IN_FLIGHT
+        if self.max_in_flight < 1:
+            raise ValueError(f"max in flight must be >= 1, got {self.max_in_flight}")
         self.lane = lane or DEFAULT_LANE
         lane_conf: Mapping[str, Any] = {}
         if lane and lane != DEFAULT_LANE:
@@ -102,7 +107,7 @@ class Worker:
         # late one whose row was taken over); a single tick gives up on those whose lease ran out.
         self._looping = False
         served = lane_channels(conf.LANES, self.lane)
-        self.channels = ChannelSet(conf, conf.LANES, self.lane, served)
+        self.channels = ChannelSet(conf, conf.LANES, self.lane, served, cap=InFlightCap(self.max_in_flight))
         priorities = list(lane_conf.get("priorities") or []) or None
         self.waiter = Waiter(
             LockConnectionPort(self.lock, channels=served, priorities=priorities),
@@ -421,10 +426,17 @@ def run_worker(
     max_duration: float | None = None,
     interval: float | None = None,
     lane: str | None = None,
+    max_in_flight: int | None = None,
     install_signals: bool = True,
 ) -> Sequence[TickStats]:
     """What the management command calls."""
-    worker = Worker(batch_size=batch_size, max_duration=max_duration, interval=interval, lane=lane)
+    worker = Worker(
+        batch_size=batch_size,
+        max_duration=max_duration,
+        interval=interval,
+        lane=lane,
+        max_in_flight=max_in_flight,
+    )
     if install_signals:
         worker.install_signal_handlers()
     return worker.run(once=once)

@@ -78,6 +78,14 @@ class Command(BaseCommand):
             help=f"Seconds after which a tick takes no new records (default {conf.MAX_DURATION_SECONDS:g}).",
         )
         parser.add_argument(
+            "--max-in-flight",
+            type=option_types.positive_int,
+            default=None,
+            help=f"Most provider calls this worker has in flight across all its channels "
+            f"(default WORKER_MAX_IN_FLIGHT, {conf.WORKER_MAX_IN_FLIGHT}); a channel's max_concurrency is "
+            "a total over all workers.",
+        )
+        parser.add_argument(
             "--lane", default=None, help="Run one lane of NOTIFICATIONS_RETRY['LANES'] with its own lock."
         )
         parser.add_argument(
@@ -135,6 +143,7 @@ class Command(BaseCommand):
                 max_duration=options["max_duration"],
                 interval=options["interval"],
                 lane=options["lane"],
+                max_in_flight=options["max_in_flight"],
             )
         except LockNotDirect as exc:
             raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
@@ -164,7 +173,7 @@ class Command(BaseCommand):
     def _check(self, options: dict[str, Any]) -> None:
         conflicting = [
             f"--{name.replace('_', '-')}"
-            for name in ("once", "interval", "batch_size", "max_duration", "metrics_port")
+            for name in ("once", "interval", "batch_size", "max_duration", "max_in_flight", "metrics_port")
             if options[name] not in (None, False)
         ]
         if conflicting:
