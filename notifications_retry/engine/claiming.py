@@ -24,10 +24,11 @@ from datetime import datetime
 from typing import Any
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, claim_due
+from notifications_retry.delivery import ChannelClaim, ClaimBatch
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.completer import Commits
+from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import ClaimedRecord, Outcome
@@ -60,8 +61,10 @@ class Claims:
         settle_one: SettleOne,
         lane_priorities: list[int] | None,
         claim_thread: ClaimThread | None = None,
+        db: TickDatabase = POSTGRES,
     ) -> None:
         self.conf = conf
+        self.db = db
         self.now = now
         self.reporter = reporter
         self.completer = completer
@@ -152,7 +155,7 @@ class Claims:
             with self.settle_lock:
                 return self.settle_one(rt, record, pending)
 
-        batch = claim_due(
+        batch = self.db.claim(
             self.now(),
             plan,
             total=total,

@@ -23,7 +23,7 @@ import structlog
 
 from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, release
+from notifications_retry.delivery import ChannelClaim
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import Claims
@@ -33,6 +33,7 @@ from notifications_retry.engine.failover import Failover, Rerouted, Returned, el
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.in_flight import fit_to_room
 from notifications_retry.engine.ownership import Ownership
+from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.outcomes import ClaimedRecord, Outcome
@@ -72,8 +73,13 @@ class Dispatcher:
         stopping: Callable[[], bool],
         lane_priorities: list[int] | None,
         claim_thread: ClaimThread | None = None,
+        db: TickDatabase = POSTGRES,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.conf = conf
+        #: Claims and releases go through this port (a fake one in unit tests); commits, the completer's.
+        self.db = db
+        self.sleep = sleep
         self.executor = executor
         self.completer = completer
         self.reporter = reporter
@@ -99,6 +105,7 @@ class Dispatcher:
             settle_one=self._settle_one,
             lane_priorities=lane_priorities,
             claim_thread=claim_thread,
+            db=db,
         )
         #: Held while inline channels' state is read or changed: two claims may settle at once.
         self.settle_lock = self.claims.settle_lock
@@ -193,7 +200,7 @@ class Dispatcher:
                     if not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values()):
                         break  # every channel is exhausted, paused or open-circuited for now
             elif not calls and queued:
-                time.sleep(min(0.05, self._wait_time(runtimes), completer.wait_hint()))
+                self.sleep(min(0.05, self._wait_time(runtimes), completer.wait_hint()))
 
     def finish_claims(self, bound: Any) -> None:
         """Take in a claim still running on the claim thread, then close that thread's connection."""
@@ -229,7 +236,7 @@ class Dispatcher:
         not_before = self.executor.clock.now() + timedelta(seconds=wait)
         (self.feedback.bound or log).info(
             "records-released",
-            count=release(records, not_before=not_before),
+            count=self.db.release(records, not_before=not_before),
             reason="channel throttled before they were sent",
             channel=rt.key,
             not_before=not_before.isoformat(),
@@ -239,7 +246,7 @@ class Dispatcher:
         """Give back claimed records not started yet: only the calls in flight are finished."""
         with self.lock:
             queued = [record for rt in runtimes.values() for record in take_queue(rt)]
-        bound.info("records-released", count=release(queued), reason=reason)
+        bound.info("records-released", count=self.db.release(queued), reason=reason)
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -254,12 +261,16 @@ class Dispatcher:
                 with self.settle_lock:
                     while rt.queue and rt.can_start(self.monotonic()):
                         self._send_inline(rt, rt.queue.popleft(), outcomes)
-                    if rt.queue and self.monotonic() < rt.paused_until:
+                    # Paused, or its circuit opened while a claim leased the rest of its rows: nothing
+                    # starts them this tick (an exhausted channel's circuit is not looked at again).
+                    if rt.queue and _cannot_send(rt, self.monotonic()):
                         with self.lock:
                             held = take_queue(rt)
                 self.completer.add(outcomes)
-                if held:
-                    self._hold_back(rt, held)
+                if held and self.monotonic() < rt.paused_until:
+                    self._hold_back(rt, held)  # their next attempt waits for the whole pause
+                elif held:
+                    self._give_back(rt, held)
                 continue
             started: list[ClaimedRecord] = []
             rerouted: list[Rerouted] = []
@@ -298,7 +309,9 @@ class Dispatcher:
                 rt.queue.extendleft(reversed(returned))
         elif returned:
             log.info(
-                "records-released", count=release(returned), reason="circuit opened before they were sent"
+                "records-released",
+                count=self.db.release(returned),
+                reason="circuit opened before they were sent",
             )
         return outcome
 
@@ -310,7 +323,7 @@ class Dispatcher:
         else:
             log.info(
                 "records-released",
-                count=release(records),
+                count=self.db.release(records),
                 reason="circuit open and the fallback cannot take them",
             )
 
@@ -367,7 +380,7 @@ class Dispatcher:
         except queue.Empty:
             return
         if timeout > 0 and batch_delay > 0:
-            time.sleep(batch_delay)
+            self.sleep(batch_delay)
         finished = [first]
         while True:
             try:
@@ -391,7 +404,9 @@ class Dispatcher:
             self._hold_back(returned.rt, returned.records, returned.at)
         if give_back:
             bound.info(
-                "records-released", count=release(give_back), reason="circuit opened before they were sent"
+                "records-released",
+                count=self.db.release(give_back),
+                reason="circuit opened before they were sent",
             )
 
     def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:

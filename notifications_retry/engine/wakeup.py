@@ -22,13 +22,14 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Collection, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
 
 from notifications_retry.clock import Clock
 from notifications_retry.delivery import wakeup
+from notifications_retry.engine.reporting import TickStats
 from notifications_retry.locks import AdvisoryLock
 
 #: The fallback poll: the longest a worker waits without asking the database when its next row is due.
@@ -118,6 +119,14 @@ class Waiter:
         return False
 
 
+def wake_after(last: TickStats, *, batch_size: int, now: datetime, elapsed: float) -> datetime | None:
+    """Which due rows may wake the worker after tick ``last``, which began ``elapsed`` seconds before
+    ``now``: any (None) when the tick was cut short by its batch size or its deadline (it left due rows
+    behind); else only rows falling due after it began (the ones due before that it could not take)."""
+    cut_short = last.deadline_reached or (last.claims >= batch_size and not last.skipped)
+    return None if cut_short else now - timedelta(seconds=elapsed)
+
+
 def reopens_at(pauses: Sequence[float], now: float) -> float:
     """The earliest of the channels' pause and cool-down ends still ahead of ``now`` (inf: none)."""
     return min((at for at in pauses if at > now), default=math.inf)
@@ -151,4 +160,4 @@ class LockConnectionPort:
         return wakeup.notified(self._conn(), seconds)
 
 
-__all__ = ["POLL_SECONDS", "LockConnectionPort", "Waiter", "Wake", "WakeupPort", "reopens_at"]
+__all__ = ["POLL_SECONDS", "LockConnectionPort", "Waiter", "Wake", "WakeupPort", "reopens_at", "wake_after"]

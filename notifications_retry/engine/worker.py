@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import FrameType
 from typing import Any
 
@@ -40,7 +40,7 @@ from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at
+from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at, wake_after
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import WorkerHeartbeat
@@ -209,17 +209,16 @@ class Worker:
     def _wait_for_work(self, last: TickStats, started: float, until: float) -> bool:
         """Wait until a row falls due or ``until``; False when the database could not be asked (the
         caller then waits out the interval). ``started``: when the last tick began (monotonic)."""
-        # A tick cut short by its batch size or deadline left due rows behind: the next starts when one
-        # is due. A tick that ended on its own took every due row it could; the rows due before it began
-        # that are still due are ones it could not take (channel paused, circuit open, poison, another
-        # worker's lock): only rows falling due since wake the worker, or a paused channel reopening.
-        cut_short = last.deadline_reached or (last.claims >= self.batch_size and not last.skipped)
+        # A tick that ended on its own took every due row it could; the rows due before it began that
+        # are still due are ones it could not take (channel paused, circuit open, poison, another
+        # worker's lock): only rows falling due since wake the worker (engine.wakeup.wake_after), or a
+        # paused channel reopening.
         try:
             # The tick's start on the clock due times are read with (a database clock syncs once).
             now = self.clock.now()
         except DatabaseError:
             return False
-        after = None if cut_short else now - timedelta(seconds=self.monotonic() - started)
+        after = wake_after(last, batch_size=self.batch_size, now=now, elapsed=self.monotonic() - started)
         pauses = [rt.blocked_until() for rt in self.channels.runtimes.values()]
         wake = self.waiter.wait(until=min(until, reopens_at(pauses, self.monotonic())), after=after)
         if wake is Wake.FAILED:

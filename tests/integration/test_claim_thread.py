@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 from django.db import OperationalError, connection
 
-from notifications_retry.engine import claiming
+from notifications_retry.engine import ports
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from notifications_retry.providers.stub import StubProvider
@@ -30,7 +30,7 @@ def small_chunks(settings):
 def claims_seen(monkeypatch):
     """(thread name, backend pid, rows) of every claim the worker makes."""
     seen: list[tuple[str, int, int]] = []
-    real = claiming.claim_due
+    real = ports.claim_due
 
     def recording(*args, **kwargs):
         batch = real(*args, **kwargs)
@@ -43,7 +43,7 @@ def claims_seen(monkeypatch):
         )
         return batch
 
-    monkeypatch.setattr(claiming, "claim_due", recording)
+    monkeypatch.setattr(ports, "claim_due", recording)
     return seen
 
 
@@ -103,7 +103,7 @@ def test_paired_claims_keep_to_the_batch_size(small_chunks, claims_seen, clock):
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_claim_on_the_claim_thread_ends_the_tick_and_loses_nothing(small_chunks, monkeypatch, clock):
     rows = stub_rows(clock, "bulk", 200)
-    real = claiming.claim_due
+    real = ports.claim_due
     failed: list[str] = []
 
     def failing_once(*args, **kwargs):
@@ -112,7 +112,7 @@ def test_a_failed_claim_on_the_claim_thread_ends_the_tick_and_loses_nothing(smal
             raise OperationalError("server closed the connection unexpectedly")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(claiming, "claim_due", failing_once)
+    monkeypatch.setattr(ports, "claim_due", failing_once)
     worker = Worker(batch_size=1000, max_duration=60, clock=clock)
     try:
         [first] = worker.run(once=True)
