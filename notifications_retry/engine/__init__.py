@@ -1,6 +1,28 @@
-"""The retry engine.
+"""The retry engine: a worker's ticks, from the claim of a due row to its committed outcome.
 
-worker (ticks, lock, signals), dispatcher (channel capacity), in_flight (the worker's cap on calls in
-flight across its channels), ownership (whether a send may start:
-the cycle's lock seen held lately), executor (provider calls), completer (commits outcomes).
+Its modules, from the top of its import layers (pyproject.toml, "engine's layers") down:
+
+- ``.worker``: the loop of ticks under the cycle's advisory lock, the wait between ticks, a graceful
+  stop, the heartbeat and the tick's bookkeeping.
+- ``.dispatcher``: one tick's scheduling loop: claim what can start soon, start sends, hand finished
+  calls and the records their channels can no longer send on.
+- ``.claiming``: the tick's claims (a second one beside it on a backlog of inline rows) and taking in
+  what each claim returned.
+- ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel.
+- ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
+- ``.commit_thread``: the completer on a thread and a connection of its own.
+- ``.executor``: one provider call for one record, and its answer turned into an outcome.
+- ``.feedback``: what an outcome tells its channel's flow control (a throttle pauses it, failures
+  open its circuit).
+- ``.channels``: each channel's provider and flow-control state as the worker keeps them across ticks,
+  and how many rows a channel claims and when a send may start.
+- ``.claim_thread``: the thread and connection the second claim runs on.
+- ``.completer``: the rule for when outcomes are committed (size or delay) and their commit, kept
+  through a database outage.
+- ``.failures``: what a tick that failed on the database reports, and the pause before the next one.
+- ``.flow_control``: the rate limiter (a token bucket) and the circuit breaker.
+- ``.in_flight``: the worker's own cap on calls in flight across its channels.
+- ``.ownership``: whether a send may start: the cycle's lock seen held lately.
+- ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.
+- ``.reporting``: a tick's stats, and the metrics, log events and signal of each committed outcome.
 """
