@@ -1,0 +1,87 @@
+"""docs/architecture.md's walk of one webhook record is the path its code really takes.
+
+A profiler on every thread records which modules of the package run, in order, while a real tick
+claims one due webhook row, sends it to a real HTTP server and commits its outcome. The walk's files
+must come in the walk's order; ``pytest -s`` prints every module that ran from the start of the
+tick's loop to the end of the commit (the count docs/architecture.md gives).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import notifications_retry
+from notifications_retry.engine.worker import Worker
+from notifications_retry.models import NotificationEntity
+from tests.factories import ChannelFactory, NotificationFactory
+
+PACKAGE = os.path.dirname(notifications_retry.__file__)
+#: docs/architecture.md, "One webhook record, from claim to committed outcome".
+WALK = [
+    "engine/dispatcher.py",
+    "engine/claiming.py",
+    "delivery/claim.py",
+    "engine/dispatcher.py",
+    "engine/executor.py",
+    "providers/webhook.py",
+    "engine/dispatcher.py",
+    "engine/feedback.py",
+    "engine/commit_thread.py",
+    "engine/completer.py",
+    "delivery/finalize.py",
+]
+
+
+def in_order(walk: list[str], trace: list[str]) -> bool:
+    """Whether ``walk`` is a subsequence of ``trace``."""
+    rest = iter(trace)
+    return all(step in rest for step in walk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_webhook_record_takes_the_documented_walk(clock, webhook_server):
+    channel = ChannelFactory(key="webhook", provider_key="webhook", options={"url": webhook_server.url})
+    NotificationFactory(
+        channel=channel,
+        status=NotificationEntity.Status.FAILED,
+        attempts=1,
+        next_attempt_at=clock.now() - timedelta(seconds=5),
+    )
+    worker = Worker(clock=clock, rng=random.Random(7))
+    trace: list[tuple[str, str]] = []
+    guard = threading.Lock()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(PACKAGE):
+            step = (os.path.relpath(path, PACKAGE), frame.f_code.co_name)
+            with guard:
+                trace.append(step)
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        stats = worker.tick()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+        worker.close()
+    assert stats.sent == 1
+    begin = trace.index(("engine/dispatcher.py", "run"))
+    end = max(i for i, (path, _) in enumerate(trace) if path == "delivery/finalize.py")
+    window = [path for path, _ in trace[begin : end + 1]]
+    files: list[str] = []
+    for path in window:
+        if path not in files:
+            files.append(path)
+    print(f"\n{len(files)} modules from the tick's loop to the commit:", *files, sep="\n  ")
+    assert in_order(WALK, window), window
+    assert not in_order([*WALK, "engine/claiming.py"], window), "the check sees a step out of place"
