@@ -7,6 +7,8 @@ DATABASE_URL (``--server url``). Then measures, each on an identical fresh datas
 
 * the worker against the lean ceiling: rows/s, WAL bytes and commits per notification, inline and
   leased, with the raw SQL drain on the project's own table, procrastinate and django-post_office;
+* the no-op drain as a user runs it: ``manage.py retry_worker --once`` in its own process with the
+  example project's settings, against the lean drain (:mod:`bench.command_drain`);
 * a latency-bound drain: a webhook receiver answering in 20 ms over real HTTP on 127.0.0.1;
 * a rate-limited drain, with the largest count of sends the receiver saw in any 1-second window;
 * the claim's time at 100 k rows with 1 % due (and at 5 M rows with ``--scale``);
@@ -27,7 +29,7 @@ from bench.cluster import pg_bin, run_on_server
 from bench.db import add_rows, bench_dbname, channel, recreate_database, reset_rows, setup_django
 from bench.receiver import Sink, http_drain
 
-PARTS = ["ceiling", "latency", "rate", "claim", "memory"]
+PARTS = ["ceiling", "command", "latency", "rate", "claim", "memory"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -191,7 +193,7 @@ def _memory(args: argparse.Namespace, missed: list[str]) -> None:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    parts = set(args.only or ["ceiling", "latency", "rate", "claim"])
+    parts = set(args.only or ["ceiling", "command", "latency", "rate", "claim"])
     if args.memory:
         parts.add("memory")
     print(f"notifications_retry benchmark — database {bench_dbname()!r}, {os.cpu_count()} CPUs")
@@ -222,6 +224,11 @@ def _measure(args: argparse.Namespace) -> int:
         text, ceiling_missed = ceiling.report(ceiling.run(options), options)
         print("\n" + text)
         missed += ceiling_missed
+    if "command" in parts:
+        from bench import command_drain
+
+        text, _ = command_drain.report(args.rows, args.rounds)
+        print("\n" + text)
     sink = Sink(0.02) if parts & {"latency", "rate"} else None
     try:
         if sink is not None and "latency" in parts:

@@ -96,6 +96,17 @@ def test_ceiling_table_has_ratios_first_then_each_drain(bench_database: str) -> 
     assert "Targets missed:" in out
 
 
+def test_command_drain_times_the_users_command_against_the_lean_drain(bench_database: str) -> None:
+    out = run_bench("bench.run", bench_database, "--only", "command", "--rows", "300", "--rounds", "1")
+    assert "## No-op drain as a user runs it" in out
+    ratios = table_rows(out, ["command / lean, rows/s"])
+    assert re.fullmatch(r"\d+\.\d\d", ratios["command / lean, rows/s"][1]), out
+    rows = table_rows(out, ["lean, inline", "manage.py retry_worker --once"])
+    assert len(rows) == 2, out
+    assert rows["manage.py retry_worker --once"][1] == "300", rows
+    assert "The same command on an empty backlog" in out
+
+
 def test_profile_prints_the_top_functions(bench_database: str) -> None:
     out = run_bench("bench.run", bench_database, "--profile", "--profile-rows", "300")
     assert "## Profile of a 300-row no-op drain" in out
