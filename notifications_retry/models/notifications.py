@@ -140,6 +140,14 @@ class NotificationEntity(models.Model):
                 name="nr_channel_due_idx",
                 condition=Q(due_at__isnull=False),
             ),
+            # The claim's round-robin across tenants (delivery/claim_statements.py): a skip scan over a
+            # channel's tenants, then each tenant's due rows in claim order, resumed after the last
+            # row taken (the id makes that position exact).
+            models.Index(
+                fields=["channel", "tenant_id", "due_at", "priority", "id"],
+                name="nr_channel_tenant_due_idx",
+                condition=Q(due_at__isnull=False),
+            ),
             models.Index(
                 fields=["dead_lettered_at"],
                 name="nr_dead_letter_idx",
