@@ -78,7 +78,11 @@ _INSERT = f"""
 INSERT INTO {TABLE} (id, tenant_id, channel_id, recipient, payload, notification_type, priority, status,
     attempts, next_attempt_at, provider_message_id, last_error, error_kind, attempt_log, dead_letter_reason,
     resolution, requeue_count, correlation_id, created_at, updated_at)
-SELECT gen_random_uuid(), gen_random_uuid(), (%(channels)s::bigint[])[1 + g %% %(nchannels)s::int],
+SELECT gen_random_uuid(),
+       -- tenants 0: every row a tenant of its own; else that many, spread evenly over the due rows.
+       CASE WHEN %(tenants)s::int = 0 THEN gen_random_uuid()
+            ELSE md5(((g / %(every)s::int) %% %(tenants)s::int)::text)::uuid END,
+       (%(channels)s::bigint[])[1 + g %% %(nchannels)s::int],
        'user' || g || '@example.com', '{{"subject": "Hello", "body": "Your order shipped"}}'::jsonb, '',
        (ARRAY[0, 5, 9])[1 + g %% 3],
        CASE WHEN g %% %(every)s::int = 0 THEN 'failed' ELSE 'sent' END, 1,
@@ -119,9 +123,18 @@ def reset_rows() -> None:
 
 
 def add_rows(
-    channels: Sequence[int], total: int, *, due_every: int = 1, start: int = 1, chunk: int = 500_000
+    channels: Sequence[int],
+    total: int,
+    *,
+    due_every: int = 1,
+    start: int = 1,
+    chunk: int = 500_000,
+    tenants: int = 0,
 ) -> None:
-    """Insert ``total`` rows spread over ``channels``; every ``due_every``-th is a due Failed row."""
+    """Insert ``total`` rows spread over ``channels``; every ``due_every``-th is a due Failed row.
+
+    ``tenants``: how many tenants the due rows are spread over, evenly (0: each row a tenant of its own).
+    """
     with connect(autocommit=True) as conn:
         lo = start
         while lo < start + total:
@@ -132,6 +145,7 @@ def add_rows(
                     "channels": list(channels),
                     "nchannels": len(channels),
                     "every": due_every,
+                    "tenants": tenants,
                     "start": lo,
                     "stop": hi,
                 },

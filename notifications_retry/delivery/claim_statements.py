@@ -18,9 +18,10 @@ ESTIMATE_14 = (
 )
 ESTIMATE_13 = "LEAST(90::bigint * pg_column_size(t.payload), %(max_payload)s)"
 
-#: Tenants a claim visits per channel at most. Up to this many tenants with rows in a channel's due
-#: index, every claim visits them all; past it, each claim visits this many in a row of the tenant ids'
-#: ring, starting at a point drawn from the claim's time, so over claims every tenant's turn comes.
+#: Tenants a claim visits per channel at most. The walk over a channel's tenants also stops once it
+#: found PICK_FACTOR times the channel's limit of tenants with a due row (round one alone fills the
+#: claim then). Past either bound, claims at other times start the walk elsewhere on the ring of tenant
+#: ids (a start drawn from the claim's time), so every tenant's turn comes.
 TENANTS_PER_CLAIM = 1000
 
 #: Rows a claim picks per channel before locking, as a multiple of the channel's limit: a row another
@@ -28,41 +29,45 @@ TENANTS_PER_CLAIM = 1000
 PICK_FACTOR = 2
 
 
-def _next_row(after: bool) -> str:
-    """A tenant's next due row in claim order (one index descent): its first, or the one after ``p``'s.
-
-    Two branches, one of which finds nothing at once: ``t.tenant_id = p.tenant_id`` matches no null,
-    so the null tenant (a tenant of its own) has a branch of its own, gated on ``p.tenant_id IS NULL``.
-    """
-    position = "AND (t.due_at, t.priority, t.id) > (p.due_at, p.priority, p.id)" if after else ""
-    rows = f"""
-        SELECT t.id, t.due_at, t.priority FROM {_TABLE} t
-        WHERE t.channel_id = p.channel_id AND {{tenant}}
-              AND t.due_at IS NOT NULL AND t.due_at <= %(now)s {position} {{{{filters}}}}
-        ORDER BY t.tenant_id, t.due_at, t.priority, t.id  -- nr_channel_tenant_due_idx's order
-        LIMIT 1"""
-    return (
-        f"({rows.format(tenant='t.tenant_id = p.tenant_id')})\n        UNION ALL\n"
-        f"        ({rows.format(tenant='p.tenant_id IS NULL AND t.tenant_id IS NULL')})"
+def _first_row(tenant: str, after: str = "", limit: str = "1") -> str:
+    """A tenant's first due rows in claim order (``limit`` of them), or its first after ``after``'s: one
+    range of nr_channel_tenant_due_idx, whose order the ORDER BY follows."""
+    position = (
+        f"AND (t.due_at, t.priority, t.id) > ({after}.due_at, {after}.priority, {after}.id)" if after else ""
     )
+    return f"""
+        SELECT t.id, t.due_at, t.priority FROM {_TABLE} t
+        WHERE t.channel_id = c.channel_id AND {tenant}
+              AND t.due_at IS NOT NULL AND t.due_at <= %(now)s {position} {{filters}}
+        ORDER BY t.tenant_id, t.due_at, t.priority, t.id
+        LIMIT {limit}"""
 
 
 def _next_tenant(bound: str) -> str:
     """The first tenant id of a channel's due index past ``bound`` (one index descent)."""
     return f"""(SELECT t.tenant_id FROM {_TABLE} t
-            WHERE t.channel_id = r.channel_id AND t.due_at IS NOT NULL AND {bound}
+            WHERE t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND {bound}
             ORDER BY t.tenant_id LIMIT 1)"""
 
+
+# A round's rows per tenant: what is left to pick, shared among the tenants of the round before.
+_CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 
 # Rows are picked round-robin across a channel's tenants (the null tenant is one of its own), oldest
 # due first within each: the claim takes every tenant's first due row, then every tenant's second, and
 # so on; ``turn`` is a row's rank in its tenant. A tenant with a huge backlog so delays another
 # tenant's due rows by one claim at most. Each step is an index descent on nr_channel_tenant_due_idx,
-# whatever the backlog: ``ring`` walks the distinct tenant ids of the channel's due index (a skip
-# scan, wrapping round from a start drawn from the claim's time, TENANTS_PER_CLAIM at most); ``picks``
-# takes each tenant's next row, round after round, until PICK_FACTOR times the channel's limit is
-# picked (``taken`` counts the rows picked so far). Then the rows are locked, in (turn, due_at,
-# priority) order, skipping rows another claim holds, up to the channel's limit.
+# whatever the backlog:
+# - ``ring`` walks the distinct tenant ids of the channel's due index (a skip scan, wrapping round
+#   from a start drawn from the claim's time) and takes each one's first due row; ``found`` counts the
+#   tenants with one. It stops at TENANTS_PER_CLAIM tenants, or PICK_FACTOR times the limit found;
+# - ``picks`` starts from those first rows (and the null tenant's), then round after round takes each
+#   tenant's next rows, as many for each (_CHUNK), until PICK_FACTOR times the channel's limit is picked
+#   (``taken``); a row's ``turn`` is its rank in its tenant, ``last`` marks a tenant's last row so far,
+#   ``active`` counts the tenants of the round. Every step names the row in hand ``c``: its channel_id
+#   is the one _first_row and _next_tenant read;
+# - then the picks are locked, in (turn, due_at, priority) order, skipping rows another claim holds,
+#   up to the channel's limit.
 #
 # Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
 # that far ahead is no deadline, one that far back has passed. A row whose payload would take the
@@ -75,44 +80,59 @@ CLAIM_SELECT = f"""
 WITH RECURSIVE c AS MATERIALIZED (
     SELECT * FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[])
         AS c(channel_id, lim, lease)
-), ring(channel_id, tenant_id, n, wrapped) AS (
-    SELECT r.channel_id, x.tenant_id, 1, x.wrapped
-    FROM c r CROSS JOIN LATERAL (
-        SELECT f.tenant_id, false AS wrapped FROM {_next_tenant("t.tenant_id >= %(start)s")} f(tenant_id)
+), ring(channel_id, lim, tenant_id, n, wrapped, id, due_at, priority, found) AS (
+    SELECT c.channel_id, c.lim, x.tenant_id, 1, x.wrapped, f.id, f.due_at, f.priority,
+           (f.id IS NOT NULL)::int
+    FROM c CROSS JOIN LATERAL (
+        SELECT v.tenant_id, false AS wrapped FROM {_next_tenant("t.tenant_id >= %(start)s")} v(tenant_id)
         UNION ALL
-        SELECT f.tenant_id, true FROM {_next_tenant("t.tenant_id < %(start)s")} f(tenant_id)
+        SELECT v.tenant_id, true FROM {_next_tenant("t.tenant_id < %(start)s")} v(tenant_id)
         LIMIT 1
     ) x
+    LEFT JOIN LATERAL ({_first_row("t.tenant_id = x.tenant_id")}
+    ) f ON true
     WHERE x.tenant_id IS NOT NULL
     UNION ALL
-    SELECT r.channel_id, x.tenant_id, r.n + 1, x.wrapped
-    FROM ring r
+    SELECT c.channel_id, c.lim, x.tenant_id, c.n + 1, x.wrapped, f.id, f.due_at, f.priority,
+           c.found + (f.id IS NOT NULL)::int
+    FROM ring c
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN r.wrapped
-                    THEN {_next_tenant("t.tenant_id > r.tenant_id AND t.tenant_id < %(start)s")}
-                    ELSE {_next_tenant("t.tenant_id > r.tenant_id")} END AS up
+        SELECT CASE WHEN c.wrapped
+                    THEN {_next_tenant("t.tenant_id > c.tenant_id AND t.tenant_id < %(start)s")}
+                    ELSE {_next_tenant("t.tenant_id > c.tenant_id")} END AS up
         OFFSET 0  -- evaluated once: read twice below
     ) u
     CROSS JOIN LATERAL (
-        SELECT COALESCE(u.up, CASE WHEN NOT r.wrapped THEN {_next_tenant("t.tenant_id < %(start)s")} END)
+        SELECT COALESCE(u.up, CASE WHEN NOT c.wrapped THEN {_next_tenant("t.tenant_id < %(start)s")} END)
                    AS tenant_id,
-               r.wrapped OR u.up IS NULL AS wrapped
+               c.wrapped OR u.up IS NULL AS wrapped
     ) x
-    WHERE x.tenant_id IS NOT NULL AND r.n < %(tenants)s
-), picks(channel_id, lim, tenant_id, id, due_at, priority, turn, taken) AS (
-    SELECT p.channel_id, p.lim, p.tenant_id, x.id, x.due_at, x.priority, 1,
-           count(*) OVER (PARTITION BY p.channel_id)
-    FROM (SELECT c.channel_id, c.lim, r.tenant_id FROM c JOIN ring r USING (channel_id)
+    LEFT JOIN LATERAL ({_first_row("t.tenant_id = x.tenant_id")}
+    ) f ON true
+    WHERE x.tenant_id IS NOT NULL AND c.n < %(tenants)s AND c.found < c.lim * {PICK_FACTOR}
+), picks(channel_id, lim, tenant_id, id, due_at, priority, turn, last, taken, active) AS (
+    SELECT f.channel_id, f.lim, f.tenant_id, f.id, f.due_at, f.priority, 1, true,
+           count(*) OVER w, count(*) OVER w
+    FROM (SELECT channel_id, lim, tenant_id, id, due_at, priority FROM ring WHERE id IS NOT NULL
           UNION ALL
-          SELECT c.channel_id, c.lim, NULL::uuid FROM c) p
-    CROSS JOIN LATERAL ({_next_row(after=False)}
-    ) x
+          SELECT c.channel_id, c.lim, NULL, x.id, x.due_at, x.priority
+          FROM c CROSS JOIN LATERAL ({_first_row("t.tenant_id IS NULL")}
+          ) x) f
+    WINDOW w AS (PARTITION BY f.channel_id)
     UNION ALL
-    SELECT p.channel_id, p.lim, p.tenant_id, x.id, x.due_at, x.priority, p.turn + 1,
-           p.taken + count(*) OVER (PARTITION BY p.channel_id)
-    FROM picks p CROSS JOIN LATERAL ({_next_row(after=True)}
+    SELECT c.channel_id, c.lim, c.tenant_id, x.id, x.due_at, x.priority,
+           (c.turn + x.pos)::int, x.pos = x.size, c.taken + count(*) OVER w, count(*) FILTER (WHERE x.pos = x.size) OVER w
+    FROM picks c CROSS JOIN LATERAL (
+        SELECT y.*, row_number() OVER (ORDER BY y.due_at, y.priority, y.id) AS pos, count(*) OVER () AS size
+        FROM (
+            -- t.tenant_id = NULL matches nothing: the null tenant's rows have a branch of their own.
+            ({_first_row("t.tenant_id = c.tenant_id", after="c", limit=_CHUNK)})
+            UNION ALL
+            ({_first_row("c.tenant_id IS NULL AND t.tenant_id IS NULL", after="c", limit=_CHUNK)})
+        ) y
     ) x
-    WHERE p.taken < p.lim * {PICK_FACTOR}
+    WHERE c.last AND c.taken < c.lim * {PICK_FACTOR}
+    WINDOW w AS (PARTITION BY c.channel_id)
 )
 SELECT s.id, s.tenant_id, s.channel_id,
        CASE WHEN {row_limits.RECIPIENT_RETURNED} THEN s.recipient END,
@@ -133,10 +153,11 @@ SELECT n.*, c.lease, n.claim_token IS NOT NULL AS recovered,
        sum(n.estimate) OVER w - n.estimate < %(budget)s AS within
 FROM c
 CROSS JOIN LATERAL (
-    SELECT t.*, {{estimate}} AS estimate, p.turn FROM picks p JOIN {_TABLE} t ON t.id = p.id
-    -- Checked again on the row as locked (a claim beside this one may have leased it since). IS TRUE:
-    -- no due index can serve it, so each picked row is fetched by its primary key, never by a walk
-    -- of the channel's due rows.
+    -- Each picked row is fetched by its primary key: = ANY(ARRAY[…]) can be neither hashed nor merged,
+    -- so no plan reads the table to join it (the estimates of a recursive query are rough). The due
+    -- condition is checked again on the row as locked (a claim beside this one may have leased it
+    -- since); IS TRUE, so that no due index serves it instead of the key.
+    SELECT t.*, {{estimate}} AS estimate, p.turn FROM picks p JOIN {_TABLE} t ON t.id = ANY(ARRAY[p.id])
     WHERE p.channel_id = c.channel_id AND (t.channel_id = c.channel_id AND t.due_at <= %(now)s) IS TRUE
           {{filters}}
     ORDER BY p.turn, t.due_at, t.priority, t.id
