@@ -121,7 +121,8 @@ WITH RECURSIVE c AS MATERIALIZED (
     WINDOW w AS (PARTITION BY f.channel_id)
     UNION ALL
     SELECT c.channel_id, c.lim, c.tenant_id, x.id, x.due_at, x.priority,
-           (c.turn + x.pos)::int, x.pos = x.size, c.taken + count(*) OVER w, count(*) FILTER (WHERE x.pos = x.size) OVER w
+           (c.turn + x.pos)::int, x.pos = x.size,
+           c.taken + count(*) OVER w, count(*) FILTER (WHERE x.pos = x.size) OVER w
     FROM picks c CROSS JOIN LATERAL (
         SELECT y.*, row_number() OVER (ORDER BY y.due_at, y.priority, y.id) AS pos, count(*) OVER () AS size
         FROM (
