@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -95,6 +95,12 @@ bench-evidence-wal: $(VENV)/.installed
 lateness-bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.lateness $(BENCH_ARGS)
+
+# How late a small tenant's rows are sent while another tenant's 20,000 due rows drain (p50/p99), on a
+# throwaway cluster.
+fairness-bench: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.fairness $(BENCH_ARGS)
 
 # The threads a looping worker runs during a webhook drain (/proc/<pid>/task), on a throwaway cluster.
 threads-bench: $(VENV)/.installed

@@ -43,11 +43,16 @@ def _first_row(tenant: str, after: str = "", limit: str = "1") -> str:
         LIMIT {limit}"""
 
 
-def _next_tenant(bound: str) -> str:
-    """The first tenant id of a channel's due index past ``bound`` (one index descent)."""
-    return f"""(SELECT t.tenant_id FROM {_TABLE} t
-            WHERE t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND {bound}
-            ORDER BY t.tenant_id LIMIT 1)"""
+#: Entries of the due index one step of the walk over tenants reads: one descent, then this many in a
+#: row, so tenants of a few rows each are found many to a step, and a large one costs one step.
+TENANT_STEP = 16
+
+
+def _tenants_after(gate: str, bound: str, wrapped: str) -> str:
+    """The tenant ids of the next TENANT_STEP entries of the channel's due index within ``bound``."""
+    return f"""(SELECT {wrapped} AS wrapped, t.tenant_id FROM {_TABLE} t
+                WHERE {gate} AND t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND {bound}
+                ORDER BY t.tenant_id LIMIT {TENANT_STEP})"""
 
 
 # A round's rows per tenant: what is left to pick, shared among the tenants of the round before.
@@ -58,14 +63,16 @@ _CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 # so on; ``turn`` is a row's rank in its tenant. A tenant with a huge backlog so delays another
 # tenant's due rows by one claim at most. Each step is an index descent on nr_channel_tenant_due_idx,
 # whatever the backlog:
-# - ``ring`` walks the distinct tenant ids of the channel's due index (a skip scan, wrapping round
-#   from a start drawn from the claim's time) and takes each one's first due row; ``found`` counts the
-#   tenants with one. It stops at TENANTS_PER_CLAIM tenants, or PICK_FACTOR times the limit found;
+# - ``ring`` walks the distinct tenant ids of the channel's due index, TENANT_STEP entries a step, each
+#   step starting past the last tenant of the one before (a skip scan), wrapping round from a start
+#   drawn from the claim's time; it takes each tenant's first due row. ``n`` counts the tenants
+#   visited, ``found`` those with a due row, ``last`` marks a step's last tenant: the walk stops at
+#   TENANTS_PER_CLAIM tenants, or PICK_FACTOR times the limit found;
 # - ``picks`` starts from those first rows (and the null tenant's), then round after round takes each
 #   tenant's next rows, as many for each (_CHUNK), until PICK_FACTOR times the channel's limit is picked
 #   (``taken``); a row's ``turn`` is its rank in its tenant, ``last`` marks a tenant's last row so far,
 #   ``active`` counts the tenants of the round. Every step names the row in hand ``c``: its channel_id
-#   is the one _first_row and _next_tenant read;
+#   is the one _first_row and _tenants_after read;
 # - then the picks are locked, in (turn, due_at, priority) order, skipping rows another claim holds,
 #   up to the channel's limit.
 #
@@ -80,36 +87,32 @@ CLAIM_SELECT = f"""
 WITH RECURSIVE c AS MATERIALIZED (
     SELECT * FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[])
         AS c(channel_id, lim, lease)
-), ring(channel_id, lim, tenant_id, n, wrapped, id, due_at, priority, found) AS (
-    SELECT c.channel_id, c.lim, x.tenant_id, 1, x.wrapped, f.id, f.due_at, f.priority,
-           (f.id IS NOT NULL)::int
-    FROM c CROSS JOIN LATERAL (
-        SELECT v.tenant_id, false AS wrapped FROM {_next_tenant("t.tenant_id >= %(start)s")} v(tenant_id)
-        UNION ALL
-        SELECT v.tenant_id, true FROM {_next_tenant("t.tenant_id < %(start)s")} v(tenant_id)
-        LIMIT 1
-    ) x
-    LEFT JOIN LATERAL ({_first_row("t.tenant_id = x.tenant_id")}
-    ) f ON true
-    WHERE x.tenant_id IS NOT NULL
+), ring(channel_id, lim, tenant_id, wrapped, last, n, found, id, due_at, priority) AS (
+    -- The walk's cursor before its first step: at the start, no tenant of its own.
+    SELECT c.channel_id, c.lim, %(start)s::uuid, false, true, 0::bigint, 0::bigint,
+           NULL::uuid, NULL::timestamptz, NULL::smallint
+    FROM c
     UNION ALL
-    SELECT c.channel_id, c.lim, x.tenant_id, c.n + 1, x.wrapped, f.id, f.due_at, f.priority,
-           c.found + (f.id IS NOT NULL)::int
+    SELECT c.channel_id, c.lim, x.tenant_id, x.wrapped, x.last,
+           c.n + count(*) OVER w, c.found + count(f.id) OVER w, f.id, f.due_at, f.priority
     FROM ring c
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN c.wrapped
-                    THEN {_next_tenant("t.tenant_id > c.tenant_id AND t.tenant_id < %(start)s")}
-                    ELSE {_next_tenant("t.tenant_id > c.tenant_id")} END AS up
-        OFFSET 0  -- evaluated once: read twice below
-    ) u
-    CROSS JOIN LATERAL (
-        SELECT COALESCE(u.up, CASE WHEN NOT c.wrapped THEN {_next_tenant("t.tenant_id < %(start)s")} END)
-                   AS tenant_id,
-               c.wrapped OR u.up IS NULL AS wrapped
+        SELECT b.wrapped, b.tenant_id,
+               row_number() OVER (ORDER BY b.wrapped DESC, b.tenant_id DESC) = 1 AS last
+        FROM (SELECT DISTINCT e.wrapped, e.tenant_id FROM (
+            -- Past the cursor up to the end of the ids, then round from the lowest up to the start.
+            {_tenants_after("NOT c.wrapped", "t.tenant_id > c.tenant_id", "false")}
+            UNION ALL
+            {_tenants_after("NOT c.wrapped", "t.tenant_id <= %(start)s", "true")}
+            UNION ALL
+            {_tenants_after("c.wrapped", "t.tenant_id > c.tenant_id AND t.tenant_id <= %(start)s", "true")}
+            LIMIT LEAST({TENANT_STEP}, %(tenants)s - c.n)
+        ) e) b
     ) x
     LEFT JOIN LATERAL ({_first_row("t.tenant_id = x.tenant_id")}
     ) f ON true
-    WHERE x.tenant_id IS NOT NULL AND c.n < %(tenants)s AND c.found < c.lim * {PICK_FACTOR}
+    WHERE c.last AND c.n < %(tenants)s AND c.found < c.lim * {PICK_FACTOR}
+    WINDOW w AS (PARTITION BY c.channel_id)
 ), picks(channel_id, lim, tenant_id, id, due_at, priority, turn, last, taken, active) AS (
     SELECT f.channel_id, f.lim, f.tenant_id, f.id, f.due_at, f.priority, 1, true,
            count(*) OVER w, count(*) OVER w
@@ -154,14 +157,17 @@ SELECT n.*, c.lease, n.claim_token IS NOT NULL AS recovered,
        sum(n.estimate) OVER w - n.estimate < %(budget)s AS within
 FROM c
 CROSS JOIN LATERAL (
-    -- Each picked row is fetched by its primary key: = ANY(ARRAY[…]) can be neither hashed nor merged,
-    -- so no plan reads the table to join it (the estimates of a recursive query are rough). The due
-    -- condition is checked again on the row as locked (a claim beside this one may have leased it
-    -- since); IS TRUE, so that no due index serves it instead of the key.
-    SELECT t.*, {{estimate}} AS estimate, p.turn FROM picks p JOIN {_TABLE} t ON t.id = ANY(ARRAY[p.id])
-    WHERE p.channel_id = c.channel_id AND (t.channel_id = c.channel_id AND t.due_at <= %(now)s) IS TRUE
-          {{filters}}
-    ORDER BY p.turn, t.due_at, t.priority, t.id
+    -- The picks in order (the LIMIT bounds nothing: it keeps them sorted apart), each picked row then
+    -- read by its primary key, until the channel's limit is locked: = ANY(ARRAY[…]) can be neither
+    -- hashed nor merged, so no plan reads the table to join it (the estimates of a recursive query are
+    -- rough). The due condition is checked again on the row as locked (a claim beside this one may
+    -- have leased it since); IS TRUE, so that no due index serves it instead of the key.
+    SELECT t.*, {{estimate}} AS estimate, p.turn
+    FROM (SELECT * FROM picks WHERE picks.channel_id = c.channel_id
+          ORDER BY turn, due_at, priority, id LIMIT c.lim * {PICK_FACTOR} + %(tenants)s) p
+    JOIN {_TABLE} t ON t.id = ANY(ARRAY[p.id])
+    WHERE (t.channel_id = c.channel_id AND t.due_at <= %(now)s) IS TRUE {{filters}}
+    ORDER BY p.turn, p.due_at, p.priority, p.id
     LIMIT c.lim
     FOR UPDATE OF t SKIP LOCKED
 ) n

@@ -149,7 +149,21 @@ def test_past_the_tenants_a_claim_visits_each_claim_walks_on_round_the_ring(cloc
             cursor.execute(f"SELECT tenant_id FROM ({unlocked}) AS due", params)
             visited = {row[0] for row in cursor.fetchall()}
         start = ring_start(now)
-        after = [t for t in tenants if t >= start] + [t for t in tenants if t < start]
+        after = [t for t in tenants if t > start] + [t for t in tenants if t <= start]
         assert visited == set(after[:2]), (start, visited)
         seen |= visited
     assert seen == set(tenants)
+
+
+def test_many_small_tenants_beside_a_large_one_each_get_their_first_row_in_round_one(clock):
+    """The walk over tenants reads several index entries a step: tenants of a row or two are found
+    many to a step, past a large tenant's run of entries."""
+    channel = ChannelFactory(key="in_app")
+    small = [uuid.UUID(int=(i + 1) << 100) for i in range(40)]
+    big = uuid.UUID(int=(20 << 100) + 1)  # in the middle of the small ones' ids
+    due(clock, channel, big, 300, ago=7200)
+    firsts = {tenant: due(clock, channel, tenant, 2, ago=60)[0].pk for tenant in small}
+    records = claim(clock, [channel], 60)
+    assert {r.id for r in records[:41]} == {*firsts.values(), records[0].id}
+    assert records[0].tenant_id == big
+    assert sum(r.tenant_id == big for r in records) == 2  # its first two turns; the small ones' second

@@ -119,6 +119,13 @@ def test_schema_costs_prints_every_variant(bench_database: str) -> None:
     assert set(table_rows(out, variants)) == set(variants), out
 
 
+def test_fairness_bench_reports_the_small_tenants_lateness_and_the_drain(bench_database: str) -> None:
+    out = run_bench("bench.fairness", bench_database, "--a-rows", "400", "--b-rows", "3", "--b-every", "0.1")
+    line = table_rows(out, ["tenant B (3 rows)"])
+    assert line and len(line["tenant B (3 rows)"]) == 4, out
+    assert "tenant A's drain took" in out and "Targets missed:" in out
+
+
 def test_crash_bench_reports_lost_duplicates_and_recovery(bench_database: str) -> None:
     out = run_bench(
         "bench.crash", bench_database, "--rows", "200", "--kills", "2", "--concurrency", "4", timeout=280
