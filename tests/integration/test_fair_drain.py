@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from notifications_retry.engine import claiming
+from notifications_retry.engine import ports
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
@@ -50,7 +50,7 @@ def test_a_small_tenants_rows_are_claimed_within_a_claim_of_falling_due_while_a_
     )
     worker = Worker(batch_size=A_ROWS + B_ROWS, max_duration=60, clock=clock)
     claims: list[tuple[object, list]] = []
-    real_claim = claiming.claim_due
+    real_claim = ports.claim_due
 
     def watched(now, plan, **kwargs):
         # The real claim, recorded: when it ran and what it leased. After the third, B's rows fall due
@@ -63,7 +63,7 @@ def test_a_small_tenants_rows_are_claimed_within_a_claim_of_falling_due_while_a_
             worker.stop()
         return batch
 
-    monkeypatch.setattr(claiming, "claim_due", watched)
+    monkeypatch.setattr(ports, "claim_due", watched)
     try:
         worker.run(once=True)
     finally:
