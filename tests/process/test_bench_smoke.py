@@ -136,6 +136,7 @@ def test_crash_bench_reports_lost_duplicates_and_recovery(bench_database: str) -
     assert cells[2] == "0", f"rows lost: {out}"
     outbox, sent = (int(x.replace(",", "")) for x in cells[3].split(" / "))
     assert outbox == sent >= 200, out
+    assert re.fullmatch(r"\d+ \([\d,]+ of [\d,]+ charged\)", cells[6]), out
     assert "Targets missed:" in out
 
 
