@@ -97,6 +97,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The app's settings: every key and its default is in docs/settings.md.
 NOTIFICATIONS_RETRY: dict[str, Any] = {
     "BATCH_SIZE": int(os.environ.get("NR_BATCH_SIZE", "200")),
+    # Workers share a lane's backlog by partition (docs/operations.md, "Scaling out"): at least the
+    # number of worker replicas; 1 (the default) is one owner for the whole lane.
+    "PARTITIONS": int(os.environ.get("NOTIFICATIONS_RETRY_PARTITIONS", "1")),
     "ATTEMPTS_BY_TYPE": {"transactional": 8, "marketing": 3},
     # The webhook allowlist (SPEC §5): comma-separated hosts, IPs or CIDRs, e.g. "127.0.0.1" for a local
     # receiver in a demo. Unset or empty: no internal address is allowed (docs/providers.md).

@@ -104,6 +104,7 @@ SETTINGS: dict[str, Bound] = {
     "JITTER_RATIO": Bound(0, 1, high_open=True),
     "WORKER_THREADS": Bound(1, 512, integer=True),
     "WORKER_MAX_IN_FLIGHT": Bound(1, 100_000, integer=True),
+    "PARTITIONS": Bound(1, 1024, integer=True),
     "CIRCUIT_FAILURE_THRESHOLD": Bound(1, 10_000, integer=True),
     "CIRCUIT_COOLDOWN_SECONDS": Bound(0, _DAY, low_open=True),
     "THROTTLE_DEFAULT_SECONDS": Bound(0, _DAY, low_open=True),

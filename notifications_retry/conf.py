@@ -40,6 +40,7 @@ class RetrySettings:
     CLOCK: str = "database"
     WORKER_THREADS: int = 32
     WORKER_MAX_IN_FLIGHT: int = 256
+    PARTITIONS: int = 1
     COMMIT_THREAD: bool = True
     CLAIM_THREAD: bool = True
     CIRCUIT_FAILURE_THRESHOLD: int = 5

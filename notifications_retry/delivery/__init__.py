@@ -25,7 +25,7 @@ The provider is always called with no transaction open: claim short, call, final
 
 from __future__ import annotations
 
-from notifications_retry.delivery.claim import ChannelClaim, ClaimBatch, claim_due, claim_query
+from notifications_retry.delivery.claim import ChannelClaim, ClaimBatch, Partitions, claim_due, claim_query
 from notifications_retry.delivery.finalize import (
     MAX_ERROR_CHARS,
     CommitUnavailable,
@@ -59,6 +59,7 @@ __all__ = [
     "CommitUnavailable",
     "FinalizeReport",
     "Outcome",
+    "Partitions",
     "attempt_budget",
     "claim_due",
     "claim_query",

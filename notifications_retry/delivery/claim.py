@@ -34,6 +34,7 @@ from notifications_retry.delivery.claim_statements import (
     CLAIM_UPDATE,
     ESTIMATE_13,
     ESTIMATE_14,
+    PARTITION_OF,
     TENANTS_PER_CLAIM,
 )
 from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, reachable
@@ -63,6 +64,14 @@ class ChannelClaim:
     lease_seconds: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Partitions:
+    """The partitions a claim may take rows of: ``owned`` among ``count`` (engine.partitions)."""
+
+    count: int
+    owned: tuple[int, ...]
+
+
 @dataclasses.dataclass
 class ClaimBatch:
     """Rows leased for sending, rows settled inside the claim, and rows set aside as poison."""
@@ -90,13 +99,16 @@ def claim_query(
     skip: Collection[uuid.UUID] = (),
     only: uuid.UUID | None = None,
     max_payload_bytes: int | None = None,
+    partitions: Partitions | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks).
 
     ``max_payload_bytes`` (what a compressed payload counts as) defaults to the ``MAX_PAYLOAD_BYTES``
-    setting.
+    setting. ``partitions``: only rows of these partitions (None: every row).
     """
     filters = []
+    if partitions is not None and partitions.count > 1:
+        filters.append(f"AND {PARTITION_OF.format(row='t')} = ANY(%(partitions)s)")
     if priorities:
         filters.append("AND t.priority = ANY(%(priorities)s)")
     if skip:
@@ -112,6 +124,8 @@ def claim_query(
         "priorities": list(priorities or []),
         "skip": [str(i) for i in skip],
         "only": only,
+        "partition_count": partitions.count if partitions is not None else 1,
+        "partitions": list(partitions.owned) if partitions is not None else [],
         "budget": CLAIM_PAYLOAD_BYTES,
         "tenants": TENANTS_PER_CLAIM,
         "start": ring_start(now),
@@ -143,6 +157,7 @@ def claim_due(
     skip: Collection[uuid.UUID] = (),
     max_payload_bytes: int | None = None,
     log: Any = None,
+    partitions: Partitions | None = None,
 ) -> ClaimBatch:
     """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
 
@@ -154,7 +169,8 @@ def claim_due(
     claim is redone without ``settle``, so the usual per-record finalize isolates the bad row.
     ``skip`` lists rows set aside earlier as poison. ``max_payload_bytes`` (the worker passes its
     settings' value) defaults to the ``MAX_PAYLOAD_BYTES`` setting. ``log`` (a structlog logger) says
-    when the claim falls back (``claim-fallback``); the worker passes its tick's.
+    when the claim falls back (``claim-fallback``); the worker passes its tick's. ``partitions``: only
+    rows of the partitions the worker owns (None: every row).
     """
     log = log if log is not None else default_log
     plan = [p for p in plan if p.limit > 0]
@@ -162,7 +178,7 @@ def claim_due(
         return ClaimBatch([], [])
     if max_payload_bytes is None:
         max_payload_bytes = get_settings().MAX_PAYLOAD_BYTES
-    claim = _Claim(now, budgets, attempts_by_type or {}, priorities, skip, max_payload_bytes)
+    claim = _Claim(now, budgets, attempts_by_type or {}, priorities, skip, max_payload_bytes, partitions)
     if settle is not None:
         delivered = 0
 
@@ -202,8 +218,10 @@ class _Claim:
         priorities: Sequence[int] | None,
         skip: Collection[uuid.UUID],
         max_payload_bytes: int,
+        partitions: Partitions | None = None,
     ) -> None:
         self.now = now
+        self.partitions = partitions
         self.budgets = budgets
         self.by_type = by_type
         self.priorities = priorities
@@ -223,6 +241,7 @@ class _Claim:
             skip=self.skip,
             only=only,
             max_payload_bytes=self.max_payload_bytes,
+            partitions=self.partitions,
         )
 
     def run(
@@ -375,4 +394,4 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-__all__ = ["CLAIM_PAYLOAD_BYTES", "ChannelClaim", "ClaimBatch", "claim_due", "claim_query"]
+__all__ = ["CLAIM_PAYLOAD_BYTES", "ChannelClaim", "ClaimBatch", "Partitions", "claim_due", "claim_query"]

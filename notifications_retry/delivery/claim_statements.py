@@ -18,6 +18,12 @@ ESTIMATE_14 = (
 )
 ESTIMATE_13 = "LEAST(90::bigint * pg_column_size(t.payload), %(max_payload)s)"
 
+# A row's partition (PARTITIONS above 1, engine.partitions): PostgreSQL's hash of the uuid, the one hash
+# partitioning uses, so it is stable across versions and upgrades; the sign bit is masked off (abs() of the
+# smallest bigint overflows). Computed from the row: no column, no migration. By id, not by tenant: a
+# big tenant's backlog spreads over every partition (its fairness is the claim's order's business).
+PARTITION_OF = "mod(uuid_hash_extended({row}.id, 0) & 9223372036854775807, %(partition_count)s::bigint)"
+
 #: Tenants a claim visits per channel at most. The walk over a channel's tenants also stops once it
 #: found PICK_FACTOR times the channel's limit of tenants with a due row (round one alone fills the
 #: claim then). Past either bound, claims at other times start the walk elsewhere on the ring of tenant

@@ -23,6 +23,7 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.flow_control``: the rate limiter (a token bucket) and the circuit breaker.
 - ``.in_flight``: the worker's own cap on calls in flight across its channels.
 - ``.ownership``: whether a send may start: the cycle's lock seen held lately.
+- ``.partitions``: a lane's rows shared by identical workers: a lock per partition, a fair share each.
 - ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.
 - ``.reporting``: a tick's stats, and the metrics, log events and signal of each committed outcome.
 """

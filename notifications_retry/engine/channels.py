@@ -7,6 +7,7 @@ that opened, a Retry-After pause and the rate limiter's schedule survive from on
 from __future__ import annotations
 
 import functools
+import math
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
@@ -71,6 +72,8 @@ class ChannelRuntime:
         self.provider = provider
         #: The worker's cap on calls in flight, shared by all its channels (engine.in_flight).
         self.cap = cap if cap is not None else InFlightCap(None)
+        #: The lane's part of the channel's limits; this worker's part is ``share`` of it (:meth:`set_share`).
+        self.lane_concurrency, self.lane_rate = max_concurrency, rate_limit
         self.max_concurrency = max_concurrency
         self.rate_limit = rate_limit
         self.limiter = RateLimiter(rate_limit)
@@ -202,6 +205,17 @@ class ChannelRuntime:
             return False
         return self.inline or (self.inflight < self.max_concurrency and self.cap.free)
 
+    def set_share(self, share: float) -> None:
+        """Use ``share`` (0 to 1) of the lane's limits: the part of the partitions this worker owns.
+
+        Partitions have one owner each, so the workers' shares add up to at most the whole limit. A
+        channel keeps one call at least (a channel whose ``max_concurrency`` is below the number of
+        workers may have one call per worker; docs/operations.md, "Scaling out").
+        """
+        self.max_concurrency = max(1, math.floor(self.lane_concurrency * share + 1e-9))
+        self.rate_limit = self.lane_rate * share if self.lane_rate else None
+        self.limiter.set_rate(self.rate_limit)
+
     def reset_for_tick(self, config: ChannelConfig) -> None:
         """A new tick: fresh config row, nothing queued (calls still in flight keep their count)."""
         self.config = config
@@ -224,6 +238,8 @@ class ChannelSet:
         self.conf = conf
         #: The worker's cap on calls in flight, shared by every runtime of this set.
         self.cap = cap if cap is not None else InFlightCap(None)
+        #: This worker's part of every channel's limits: its partitions' part (1.0 with one partition).
+        self.share = 1.0
         self.lanes = lanes
         self.lane = lane
         self.channels = channels
@@ -326,6 +342,7 @@ class ChannelSet:
             self.runtimes[config.pk] = runtime
             self._fingerprints[config.pk] = fingerprint
         runtime.reset_for_tick(config)
+        runtime.set_share(self.share)
         return runtime
 
     def _report_unusable(

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, ClaimBatch
+from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.completer import Commits
@@ -82,10 +82,14 @@ class Claims:
         #: The tick's channels and stats (set by :meth:`begin_tick`).
         self.runtimes: dict[int, ChannelRuntime] = {}
         self.stats: TickStats
+        #: The partitions the tick owns (None: every row of the lane).
+        self.partitions: Partitions | None = None
 
-    def begin_tick(self, runtimes: dict[int, ChannelRuntime], stats: TickStats) -> None:
+    def begin_tick(
+        self, runtimes: dict[int, ChannelRuntime], stats: TickStats, partitions: Partitions | None = None
+    ) -> None:
         self.ahead, self.paired = None, False
-        self.runtimes, self.stats = runtimes, stats
+        self.runtimes, self.stats, self.partitions = runtimes, stats, partitions
 
     @property
     def running(self) -> bool:
@@ -166,6 +170,7 @@ class Claims:
             skip=skip,
             max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
             log=bound,
+            partitions=self.partitions,
         )
         return batch, pending
 

@@ -23,7 +23,7 @@ import structlog
 
 from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim
+from notifications_retry.delivery import ChannelClaim, Partitions
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import Claims
@@ -33,6 +33,7 @@ from notifications_retry.engine.failover import Failover, Rerouted, Returned, el
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.in_flight import fit_to_room
 from notifications_retry.engine.ownership import Ownership
+from notifications_retry.engine.partitions import PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.locks import AdvisoryLock
@@ -139,7 +140,9 @@ class Dispatcher:
         calls_bound += ABANDON_GRACE_SECONDS
         drain_from: float | None = None
         claims = self.claims
-        claims.begin_tick(runtimes, stats)
+        partitioned = lock if isinstance(lock, PartitionLock) else None
+        owned = Partitions(partitioned.partitions, partitioned.owned) if partitioned is not None else None
+        claims.begin_tick(runtimes, stats, owned)
         while True:
             now_mono = self.monotonic()
             if claiming and (self.stopping() or now_mono >= deadline or remaining <= 0):
@@ -164,6 +167,12 @@ class Dispatcher:
                     bound.error("retry-cycle-lock-lost")
                     claiming = False
                     self._release_queued(runtimes, bound, "the cycle's lock was lost before they were sent")
+                elif claiming and partitioned is not None and partitioned.rebalance_due:
+                    # A worker joined or died: end the tick (what is queued goes back to its partition's
+                    # rows), so the next one takes this worker's new fair share.
+                    stats.rebalanced, claiming = True, False
+                    bound.info("partitions-rebalance", owned=list(partitioned.owned), share=partitioned.share)
+                    self._release_queued(runtimes, bound, "the worker's partitions are rebalanced")
             claims.take_ahead(bound, wait=not claiming)
             if claiming:
                 with self.settle_lock:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, claim_due, release
+from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions, claim_due, release
 from notifications_retry.outcomes import ClaimedRecord, Outcome
 
 
@@ -34,6 +34,7 @@ class TickDatabase(Protocol):
         skip: Collection[uuid.UUID],
         max_payload_bytes: int | None,
         log: Any,
+        partitions: Partitions | None = None,
     ) -> ClaimBatch:
         """Lease up to ``total`` due rows by ``plan`` (:func:`~notifications_retry.delivery.claim_due`)."""
 
@@ -57,6 +58,7 @@ class PostgresTickDatabase:
         skip: Collection[uuid.UUID],
         max_payload_bytes: int | None,
         log: Any,
+        partitions: Partitions | None = None,
     ) -> ClaimBatch:
         return claim_due(
             now,
@@ -69,6 +71,7 @@ class PostgresTickDatabase:
             skip=skip,
             max_payload_bytes=max_payload_bytes,
             log=log,
+            partitions=partitions,
         )
 
     def release(self, records: Sequence[ClaimedRecord], *, not_before: datetime | None = None) -> int:

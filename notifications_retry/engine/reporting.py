@@ -41,6 +41,10 @@ class TickStats:
     lock_lost: bool = False
     stopped: bool = False
     deadline_reached: bool = False
+    #: The tick ended early to take or give back partitions (engine.partitions).
+    rebalanced: bool = False
+    #: The partitions the tick owned (PARTITIONS above 1; empty otherwise).
+    partitions: list[int] = dataclasses.field(default_factory=list)
     duration_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:

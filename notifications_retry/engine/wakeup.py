@@ -121,9 +121,10 @@ class Waiter:
 
 def wake_after(last: TickStats, *, batch_size: int, now: datetime, elapsed: float) -> datetime | None:
     """Which due rows may wake the worker after tick ``last``, which began ``elapsed`` seconds before
-    ``now``: any (None) when the tick was cut short by its batch size or its deadline (it left due rows
-    behind); else only rows falling due after it began (the ones due before that it could not take)."""
-    cut_short = last.deadline_reached or (last.claims >= batch_size and not last.skipped)
+    ``now``: any (None) when the tick was cut short by its batch size, its deadline or a rebalance of
+    partitions (it left due rows behind); else only rows falling due after it began (the ones due before
+    that it could not take)."""
+    cut_short = last.deadline_reached or last.rebalanced or (last.claims >= batch_size and not last.skipped)
     return None if cut_short else now - timedelta(seconds=elapsed)
 
 

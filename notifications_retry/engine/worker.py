@@ -39,6 +39,7 @@ from notifications_retry.engine.completer import Commits, Completer
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
+from notifications_retry.engine.partitions import RETRY_SECONDS, PartitionLock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at, wake_after
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
@@ -92,10 +93,22 @@ class Worker:
         self.monotonic = monotonic
         self._sleep = sleep
         lock_name = conf.LOCK_KEY if self.lane == DEFAULT_LANE else f"{conf.LOCK_KEY}:{self.lane}"
-        self.lock = AdvisoryLock(
-            lock_name,
-            using=conf.LOCK_DATABASE_ALIAS,
-            idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+        # One partition: the lane's one lock, exactly as a single worker always had it. More: a lock per
+        # partition (engine.partitions), and workers share the lane's rows by partition.
+        self.lock = (
+            AdvisoryLock(
+                lock_name,
+                using=conf.LOCK_DATABASE_ALIAS,
+                idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+            )
+            if conf.PARTITIONS == 1
+            else PartitionLock(
+                lock_name,
+                partitions=conf.PARTITIONS,
+                using=conf.LOCK_DATABASE_ALIAS,
+                idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+                first=self.rng.randrange(conf.PARTITIONS),
+            )
         )
         self._stop = threading.Event()
         self._backoff = failures.Backoff(self.interval)
@@ -220,13 +233,27 @@ class Worker:
             return False
         after = wake_after(last, batch_size=self.batch_size, now=now, elapsed=self.monotonic() - started)
         pauses = [rt.blocked_until() for rt in self.channels.runtimes.values()]
-        wake = self.waiter.wait(until=min(until, reopens_at(pauses, self.monotonic())), after=after)
-        if wake is Wake.FAILED:
-            error = self.waiter.error
-            log.warning("wakeup-wait-failed", lane=self.lane, error=f"{type(error).__name__}: {error}"[:300])
-            self.lock.close()
-            return False
-        return True
+        until = min(until, reopens_at(pauses, self.monotonic()))
+        partitioned = self.lock if isinstance(self.lock, PartitionLock) else None
+        while True:
+            # Partitioned, look every few seconds whether a partition is to be taken (its owner died
+            # or gave it back) or given back (a worker joined): then the next tick starts now.
+            step = until if partitioned is None else min(until, self.monotonic() + RETRY_SECONDS)
+            wake = self.waiter.wait(until=step, after=after)
+            if wake is Wake.FAILED:
+                error = self.waiter.error
+                log.warning(
+                    "wakeup-wait-failed", lane=self.lane, error=f"{type(error).__name__}: {error}"[:300]
+                )
+                self.lock.close()
+                return False
+            if wake is not Wake.INTERVAL or partitioned is None or self.monotonic() >= until:
+                return True
+            try:
+                if partitioned.look():
+                    return True
+            except psycopg.Error:
+                return True  # the tick meets the error and reports it
 
     def close(self) -> None:
         """Release the lock, providers' connections, the commit thread, the send loop and thread pool."""
@@ -283,6 +310,12 @@ class Worker:
 
     def _cycle(self, stats: TickStats, started: float, bound: Any) -> None:
         self.clock.sync()
+        lock = self.lock
+        if isinstance(lock, PartitionLock):
+            stats.partitions = list(lock.owned)
+            # A channel's limits are totals over the workers: this tick's part is its partitions' part.
+            self.channels.share = len(lock.owned) / lock.partitions
+            bound = bound.bind(partitions=stats.partitions, live_workers=lock.live_workers)
         bound.info("retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration)
         self._heartbeat(started_at=self.clock.now())
         runtimes, waiting = self.channels.load(self.clock.now(), bound)
@@ -415,6 +448,7 @@ class Worker:
             stopped=stats.stopped,
             deadline_reached=stats.deadline_reached,
             lock_lost=stats.lock_lost,
+            rebalanced=stats.rebalanced,
         )
 
 

@@ -148,3 +148,12 @@ def test_the_email_backend_comes_from_the_environment() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert [m["To"] for m in smtp.messages] == ["ann@example.com"], result.stdout + result.stderr
     assert NotificationEntity.objects.get().status == NotificationEntity.Status.SENT
+
+
+def test_the_partitions_come_from_the_environment() -> None:
+    ChannelFactory(key="in_app")
+    # Alone, a worker owns every partition of the three the variable sets.
+    result = example("retry_worker", "--once", env={"NOTIFICATIONS_RETRY_PARTITIONS": "3"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    started = [line for line in (result.stdout + result.stderr).splitlines() if "retry-cycle-started" in line]
+    assert started and "[0, 1, 2]" in started[0], result.stdout + result.stderr

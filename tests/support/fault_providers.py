@@ -39,6 +39,18 @@ class RecordingProvider(Provider):
         return SendResult(provider_message_id=f"rec:{message.notification_id}")
 
 
+class SlowRecordingProvider(Provider):
+    """Logs every call as it starts (pid, id, attempt), then answers after ``options["delay"]`` seconds:
+    calls in flight a SIGKILL can interrupt, and which worker process made each call."""
+
+    key: ClassVar[str] = "slow_recording"
+
+    async def send_async(self, message: OutgoingMessage) -> SendResult:
+        _log_call(self.channel.options.get("call_log"), message)
+        await asyncio.sleep(float(self.channel.options.get("delay", 0.05)))
+        return SendResult(provider_message_id=f"rec:{message.notification_id}")
+
+
 class DeadlineIgnoringProvider(Provider):
     """Claims to bound its own calls by the channel's timeout, then never answers (a provider bug)."""
 

@@ -120,6 +120,7 @@ class FakeDatabase:
         skip: Collection[uuid.UUID],
         max_payload_bytes: int | None,
         log: Any,
+        partitions: Any = None,
     ) -> ClaimBatch:
         self.claims.append((self.time.t, {p.channel_id: p.limit for p in plan}, total))
         batch = ClaimBatch(records=[], settled=[])

@@ -1,0 +1,112 @@
+"""PARTITIONS=4 with 1, 2 and 4 real worker processes on one backlog: every row sent once, the work spread
+over the workers, and a SIGKILLed worker's partitions taken over (duplicates only of its calls in flight)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from notifications_retry.models import ChannelConfig, NotificationEntity
+from tests.process.conftest import seed_due
+from tests.process.helpers import assert_one_event_per_final_outcome
+from tests.support.processes import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+PARTITIONS = 4
+SETTINGS = {
+    "PARTITIONS": PARTITIONS,
+    "LEASE_GRACE_SECONDS": 0.5,
+    "PROVIDERS": {"slow_recording": "tests.support.fault_providers.SlowRecordingProvider"},
+}
+LOOP = ["--interval", "0.2", "--batch-size", "1000", "--max-duration", "10"]
+
+# Live workers of the default lane: holders of its presence key (shared advisory locks).
+PRESENT = """
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND mode = 'ShareLock'
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def calls(path: Path) -> list[tuple[int, str]]:
+    """(worker pid, notification id) of every provider call, in order."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(line.split()[0]), line.split()[1]) for line in lines]
+
+
+def leases() -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id::text, claim_token::text FROM notifications_retry_notificationentity "
+            "WHERE claim_token IS NOT NULL"
+        )
+        return dict(cursor.fetchall())
+
+
+def drain(start_worker, tmp_path: Path, count: int, rows: int, kill_one: bool = False) -> None:
+    call_log = tmp_path / "calls.log"
+    channel = ChannelConfig.objects.create(
+        key="hooks",
+        provider_key="slow_recording",
+        timeout_seconds=1.0,
+        max_attempts=5,
+        max_concurrency=32,
+        options={"call_log": str(call_log), "delay": 0.05},
+    )
+    workers = [start_worker(LOOP, SETTINGS, name=f"w{i}") for i in range(count)]
+    # The backlog arrives once every worker is up: each then drains its own partitions.
+    wait_until(lambda: _present() == count, 60, message=f"{count} workers present")
+    seed_due(channel, rows)
+    victim_rows: set[str] = set()
+    try:
+        if kill_one:
+            wait_until(lambda: len(calls(call_log)) > rows // 4, 60, message="a quarter sent")
+            by_pid = Counter(pid for pid, _ in calls(call_log))
+            victim = next(w for w in workers if by_pid[w.pid])
+            victim.send(signal.SIGKILL)
+            victim.proc.wait(10)
+            at_kill = leases()
+            # A survivor's call ends in 50 ms; the victim's leases stay until they run out (2.75 s).
+            time.sleep(1.0)
+            victim_rows = {nid for nid, token in leases().items() if at_kill.get(nid) == token}
+            workers = [w for w in workers if w is not victim]
+        wait_until(
+            lambda: NotificationEntity.objects.filter(status="sent").count() == rows,
+            120,
+            0.2,
+            "every row sent",
+        )
+    finally:
+        for worker in workers:
+            worker.kill()
+    made = calls(call_log)
+    per_id = Counter(nid for _, nid in made)
+    assert len(per_id) == rows
+    twice = {nid for nid, n in per_id.items() if n > 1}
+    # Only the killed worker's calls in flight (and its queued round) may be sent a second time.
+    assert twice <= victim_rows, (len(twice), len(victim_rows))
+    assert all(n <= 2 for n in per_id.values())
+    per_worker = Counter(pid for pid, _ in made)
+    assert len(per_worker) == count, per_worker  # every worker sent some rows
+    assert_one_event_per_final_outcome()
+
+
+def _present() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(PRESENT)
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_workers_share_the_backlog_by_partition_and_send_each_row_once(start_worker, tmp_path, count):
+    drain(start_worker, tmp_path, count, rows=1200)
+
+
+def test_a_killed_workers_partitions_are_taken_over_and_every_row_is_sent(start_worker, tmp_path):
+    drain(start_worker, tmp_path, 4, rows=3000, kill_one=True)
