@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -107,8 +108,12 @@ def claim_query(
     setting. ``partitions``: only rows of these partitions (None: every row).
     """
     filters = []
+    # The walk over tenants counts a tenant whatever partition its rows are in, and finds one with a row
+    # of the worker's partitions among about count / owned: it may visit that many times more tenants.
+    tenants = TENANTS_PER_CLAIM
     if partitions is not None and partitions.count > 1:
         filters.append(f"AND {PARTITION_OF.format(row='t')} = ANY(%(partitions)s)")
+        tenants = math.ceil(TENANTS_PER_CLAIM * partitions.count / max(1, len(partitions.owned)))
     if priorities:
         filters.append("AND t.priority = ANY(%(priorities)s)")
     if skip:
@@ -127,7 +132,7 @@ def claim_query(
         "partition_count": partitions.count if partitions is not None else 1,
         "partitions": list(partitions.owned) if partitions is not None else [],
         "budget": CLAIM_PAYLOAD_BYTES,
-        "tenants": TENANTS_PER_CLAIM,
+        "tenants": tenants,
         "start": ring_start(now),
         "max_payload": get_settings().MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes,
     }

@@ -155,3 +155,31 @@ def test_two_workers_each_send_their_partitions_rows_with_their_part_of_the_limi
     finally:
         a.close()
         b.close()
+
+
+_ONE_ROW_TENANTS = f"""
+INSERT INTO {TABLE} (id, tenant_id, channel_id, recipient, payload, notification_type, priority, status,
+    attempts, next_attempt_at, provider_message_id, last_error, error_kind, attempt_log, dead_letter_reason,
+    resolution, requeue_count, correlation_id, created_at, updated_at)
+SELECT gen_random_uuid(), gen_random_uuid(), %(channel)s, 'u' || g, '{{}}'::jsonb, '', 5, 'failed', 1,
+       %(now)s::timestamptz - interval '1 minute', NULL, '', '', '[]'::jsonb, '', '', 0, '',
+       %(now)s::timestamptz, %(now)s::timestamptz
+FROM generate_series(1, 3000) AS g
+"""
+
+
+def test_a_partitioned_claim_fills_up_among_more_tenants_than_one_claim_visits(clock):
+    # 3,000 tenants of one row each: a claim visits at most TENANTS_PER_CLAIM (1,000) of them, so the
+    # walk must count only tenants with a row in the worker's partitions, or it would come back short.
+    channel = ChannelFactory(key="in_app")
+    with connection.cursor() as cursor:
+        cursor.execute(_ONE_ROW_TENANTS, {"channel": channel.pk, "now": clock.now()})
+    mine = sum(1 for p in partition_of(8).values() if p == 0)
+    batch = claim_due(
+        clock.now(),
+        [ChannelClaim(channel.pk, 200, 60.0)],
+        total=200,
+        budgets={channel.pk: (5, channel.key)},
+        partitions=Partitions(8, (0,)),
+    )
+    assert len(batch.records) == min(200, mine) and mine > 200
