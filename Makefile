@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -80,6 +80,13 @@ bench-check: $(VENV)/.installed
 crash-bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.crash $(BENCH_ARGS)
+
+# Several looping workers sharing one backlog by partition (database nr_scale_bench of the local server):
+# rows/s with 1, 2 and 4 workers against a 50 ms receiver, duplicate sends (and after a SIGKILL), the
+# busiest 1-s window of a 200/s channel with 4 workers, and what N partitions cost a claim.
+bench-scale: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.scale $(BENCH_ARGS)
 
 # A webhook signature's cost per request (signing alone, and a whole request), against an unsigned one.
 bench-signing: $(VENV)/.installed

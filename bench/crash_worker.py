@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from bench.db import ROOT, bench_dbname
 
@@ -21,13 +23,14 @@ LOOP_ARGS = ["--interval", "0.1", "--batch-size", "100000", "--max-duration", "6
 WORKER_SETTINGS = {"LEASE_GRACE_SECONDS": 0.5, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(settings: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The worker's environment; ``settings`` are added to :data:`WORKER_SETTINGS`."""
     env = dict(os.environ)
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "bench.settings",
             "NR_BENCH_DATABASE_NAME": bench_dbname(),
-            "NR_BENCH_SETTINGS_JSON": json.dumps(WORKER_SETTINGS),
+            "NR_BENCH_SETTINGS_JSON": json.dumps({**WORKER_SETTINGS, **(settings or {})}),
             # The example project's allowlist variable, in case the settings read it from there.
             "NOTIFICATIONS_RETRY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
             "PYTHONPATH": os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p),
@@ -43,13 +46,13 @@ class LoopingWorker:
     log_dir = Path(tempfile.mkdtemp(prefix="nr-crash-bench-"))
     started_count = 0
 
-    def __init__(self, args: list[str] | None = None) -> None:
+    def __init__(self, args: list[str] | None = None, settings: Mapping[str, Any] | None = None) -> None:
         LoopingWorker.started_count += 1
         self.log_path = self.log_dir / f"worker-{LoopingWorker.started_count}.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "django", "retry_worker", *(LOOP_ARGS if args is None else args)],
-                env=worker_env(),
+                env=worker_env(settings),
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -174,3 +174,16 @@ def test_signing_prints_the_signing_cost_and_the_whole_request():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("| whsec_ x2 (rotation) |") == 2, done.stdout
+
+
+def test_scale_bench_prints_ratios_duplicates_the_rate_window_and_the_claims_reading(bench_database):
+    out = run_bench(
+        "bench.scale",
+        bench_database,
+        *("--rows", "400", "--rate-seconds", "1", "--claim-rows", "20000", "--repeat", "2"),
+        timeout=280,
+    )
+    assert "Latency-bound drain" in out and "busiest 1-s window" in out, out
+    drains = table_rows(out, ["1 ", "2 ", "4 "])
+    assert set(drains) == {"1 ", "2 ", "4 "}, out
+    assert "one SIGKILLed" in out and "Index Scan" in out and "Targets missed:" in out
