@@ -55,9 +55,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
     return predicate()
 
 
-def _present() -> int:
+# A worker's lock session (opened by its first tick), for a single partition, which has no presence lock.
+_LOCK_SESSIONS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'notifications_retry lock'
+"""
+
+
+def _present(partitions: int = 2) -> int:
     with connect() as conn:
-        row = conn.execute(_PRESENT).fetchone()
+        row = conn.execute(_PRESENT if partitions > 1 else _LOCK_SESSIONS).fetchone()
         return int(row[0]) if row else 0
 
 
@@ -72,7 +79,7 @@ def start_workers(count: int, partitions: int, max_in_flight: int, timeout: floa
     workers = [
         LoopingWorker([*LOOP, "--max-in-flight", str(max_in_flight)], settings=settings) for _ in range(count)
     ]
-    if not wait_for(lambda: _present() >= count, timeout):
+    if not wait_for(lambda: _present(partitions) >= count, timeout):
         tails = "\n".join(w.output_tail() for w in workers)
         for w in workers:
             w.kill()
@@ -216,8 +223,20 @@ def _measure(args: argparse.Namespace) -> int:
         for count in args.workers:
             results[count] = drain(sink, cid, workers=count, rows=args.rows, max_in_flight=16, **common)
             print(f"{count} worker(s): {results[count]['rows_per_s']:,.0f} rows/s", flush=True)
+        alone = drain(
+            sink, cid, workers=1, rows=args.rows, max_in_flight=16, partitions=1, timeout=args.step_timeout
+        )
         one = results[args.workers[0]]["rows_per_s"]
-        lines = []
+        lines = [
+            [
+                "1, PARTITIONS 1",
+                f"{alone['rows_per_s']:,.0f}",
+                f"{alone['rows_per_s'] / one if one else 0.0:.2f}",
+                "—",
+                f"{alone['duplicates']}",
+                f"{alone['worker_cpu_ms_per_row']:.2f}",
+            ]
+        ]
         for count, r in results.items():
             ratio = r["rows_per_s"] / one if one else 0.0
             target = RATIO_TARGETS.get(count)
