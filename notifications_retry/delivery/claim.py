@@ -32,6 +32,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery import row_limits
 from notifications_retry.delivery.claim_statements import (
     CLAIM_SELECT,
+    CLAIM_SELECT_ONE,
     CLAIM_UPDATE,
     ESTIMATE_13,
     ESTIMATE_14,
@@ -138,7 +139,8 @@ def claim_query(
     }
     # Django's PostgreSQL backend knows the server's version (read once per connection wrapper).
     estimate = ESTIMATE_14 if int(getattr(connection, "pg_version", 0)) >= 140000 else ESTIMATE_13
-    return CLAIM_SELECT.format(filters=" ".join(filters), estimate=estimate), params
+    statement = CLAIM_SELECT if only is None else CLAIM_SELECT_ONE
+    return statement.format(filters=" ".join(filters), estimate=estimate), params
 
 
 def ring_start(now: datetime) -> uuid.UUID:

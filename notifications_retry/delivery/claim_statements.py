@@ -80,19 +80,8 @@ _CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 #   ``active`` counts the tenants of the round. Every step names the row in hand ``c``: its channel_id
 #   is the one _first_row and _tenants_after read;
 # - then the picks are locked, in (turn, due_at, priority) order, skipping rows another claim holds,
-#   up to the channel's limit.
-#
-# Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
-# that far ahead is no deadline, one that far back has passed. A row whose payload would take the
-# claim past its payload budget comes back without it, marked over: it is left due, unleased. A row
-# over the size limits, or whose payload is not an object, comes back without the value at fault and
-# with its measures (row_limits), so the worker never holds it. Three levels: s0 locks the rows and
-# tells which are within the budget; s measures those (OFFSET 0: computed once each); the outer
-# query returns the values.
-CLAIM_SELECT = f"""
-WITH RECURSIVE c AS MATERIALIZED (
-    SELECT * FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[])
-        AS c(channel_id, lim, lease)
+#   up to the channel's limit (CLAIM_SELECT, below).
+FAIR_PICKS = f"""
 ), ring(channel_id, lim, tenant_id, wrapped, last, n, found, id, due_at, priority) AS (
     -- The walk's cursor before its first step: at the start, no tenant of its own.
     SELECT c.channel_id, c.lim, %(start)s::uuid, false, true, 0::bigint, 0::bigint,
@@ -144,7 +133,32 @@ WITH RECURSIVE c AS MATERIALIZED (
     WHERE c.last AND c.taken < c.lim * {PICK_FACTOR}
     WINDOW w AS (PARTITION BY c.channel_id)
 )
-SELECT s.id, s.tenant_id, s.channel_id,
+"""
+
+# The picks of a claim of one row (``only``: a batch the database refused is claimed again row by row):
+# that row, by primary key, instead of a walk that would search each tenant's rows for it.
+ONE_PICK = f"""
+), picks(channel_id, lim, tenant_id, id, due_at, priority, turn) AS (
+    SELECT t.channel_id, c.lim, t.tenant_id, t.id, t.due_at, t.priority, 1
+    FROM c JOIN {_TABLE} t ON t.channel_id = c.channel_id
+    WHERE t.id = %(only)s AND t.due_at IS NOT NULL AND t.due_at <= %(now)s {{filters}}
+)
+"""
+
+# The claim: the picks (FAIR_PICKS or ONE_PICK in place of {picks}), locked and returned.
+#
+# Deadlines outside Python's datetime range ('infinity', year 12000) are clamped in SQL: a deadline
+# that far ahead is no deadline, one that far back has passed. A row whose payload would take the
+# claim past its payload budget comes back without it, marked over: it is left due, unleased. A row
+# over the size limits, or whose payload is not an object, comes back without the value at fault and
+# with its measures (row_limits), so the worker never holds it. Three levels: s0 locks the rows and
+# tells which are within the budget; s measures those (OFFSET 0: computed once each); the outer
+# query returns the values.
+_CLAIM = f"""
+WITH RECURSIVE c AS MATERIALIZED (
+    SELECT * FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[])
+        AS c(channel_id, lim, lease)
+{{picks}}SELECT s.id, s.tenant_id, s.channel_id,
        CASE WHEN {row_limits.RECIPIENT_RETURNED} THEN s.recipient END,
        CASE WHEN {row_limits.PAYLOAD_RETURNED} THEN s.payload END,
        s.notification_type, s.priority, s.status, s.attempts,
@@ -185,6 +199,10 @@ OFFSET 0
 ) s
 ORDER BY s.turn, s.due_at, s.priority, s.id
 """
+
+#: The claim's statement (``{filters}`` and ``{estimate}`` to fill in), and the one of a claim of one row.
+CLAIM_SELECT = _CLAIM.replace("{picks}", FAIR_PICKS)
+CLAIM_SELECT_ONE = _CLAIM.replace("{picks}", ONE_PICK)
 
 # Ids and lease lengths travel as comma-joined text: a psycopg array parameter is quoted element by
 # element in Python (a datetime costs more than its row's share of the statement).

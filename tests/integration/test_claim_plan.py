@@ -99,3 +99,17 @@ def test_the_explained_text_is_the_one_claim_due_runs(clock, filled):
         delivery.claim_query = original
     assert len(batch.records) == 10
     assert seen and "FOR UPDATE OF t SKIP LOCKED" in seen[0]
+
+
+def test_a_claim_of_one_row_reads_it_by_primary_key(clock, filled):
+    # The row-by-row claim of a batch the database refused: no walk over the tenants for it.
+    row = NotificationEntity.objects.filter(due_at__isnull=False).first()
+    sql, params = claim_query(
+        clock.now() + timedelta(seconds=1),
+        [ChannelClaim(c.pk, 100, 60.0) for c in filled],
+        total=1,
+        only=row.pk,
+    )
+    nodes = explain(sql, params)
+    assert {n.get("Index Name") for n in nodes if n.get("Index Name")} == {PRIMARY_KEY}
+    assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == TABLE for n in nodes)
