@@ -55,10 +55,13 @@ TENANT_STEP = 16
 
 
 def _tenants_after(gate: str, bound: str, wrapped: str) -> str:
-    """The tenant ids of the next TENANT_STEP entries of the channel's due index within ``bound``."""
-    return f"""(SELECT {wrapped} AS wrapped, t.tenant_id FROM {_TABLE} t
+    """The next TENANT_STEP entries of the channel's due index within ``bound``; ``ok``: the entry is
+    due and passes the claim's filters."""
+    return f"""(SELECT {wrapped} AS wrapped, t.tenant_id, t.id, t.due_at, t.priority,
+                       (t.due_at <= %(now)s {{filters}}) AS ok
+                FROM {_TABLE} t
                 WHERE {gate} AND t.channel_id = c.channel_id AND t.due_at IS NOT NULL AND {bound}
-                ORDER BY t.tenant_id LIMIT {TENANT_STEP})"""
+                ORDER BY t.tenant_id, t.due_at, t.priority, t.id LIMIT {TENANT_STEP})"""
 
 
 # A round's rows per tenant: what is left to pick, shared among the tenants of the round before.
@@ -71,7 +74,8 @@ _CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 # whatever the backlog:
 # - ``ring`` walks the distinct tenant ids of the channel's due index, TENANT_STEP entries a step, each
 #   step starting past the last tenant of the one before (a skip scan), wrapping round from a start
-#   drawn from the claim's time; it takes each tenant's first due row. ``n`` counts the tenants
+#   drawn from the claim's time; it takes each tenant's first due row (the step's entry, unless the
+#   filters refuse it). ``n`` counts the tenants
 #   visited, ``found`` those with a due row, ``last`` marks a step's last tenant: the walk stops at
 #   TENANTS_PER_CLAIM tenants, or PICK_FACTOR times the limit found;
 # - ``picks`` starts from those first rows (and the null tenant's), then round after round takes each
@@ -92,9 +96,9 @@ FAIR_PICKS = f"""
            c.n + count(*) OVER w, c.found + count(f.id) OVER w, f.id, f.due_at, f.priority
     FROM ring c
     CROSS JOIN LATERAL (
-        SELECT b.wrapped, b.tenant_id,
-               row_number() OVER (ORDER BY b.wrapped DESC, b.tenant_id DESC) = 1 AS last
-        FROM (SELECT DISTINCT e.wrapped, e.tenant_id FROM (
+        -- Each tenant's first entry in the step (its first in the index: a step starts past a tenant).
+        SELECT b.*, row_number() OVER (ORDER BY b.wrapped DESC, b.tenant_id DESC) = 1 AS last
+        FROM (SELECT DISTINCT ON (e.wrapped, e.tenant_id) e.* FROM (
             -- Past the cursor up to the end of the ids, then round from the lowest up to the start.
             {_tenants_after("NOT c.wrapped", "t.tenant_id > c.tenant_id", "false")}
             UNION ALL
@@ -102,9 +106,14 @@ FAIR_PICKS = f"""
             UNION ALL
             {_tenants_after("c.wrapped", "t.tenant_id > c.tenant_id AND t.tenant_id <= %(start)s", "true")}
             LIMIT LEAST({TENANT_STEP}, %(tenants)s - c.n)
-        ) e) b
+        ) e ORDER BY e.wrapped, e.tenant_id, e.due_at, e.priority, e.id) b
     ) x
-    LEFT JOIN LATERAL ({_first_row("t.tenant_id = x.tenant_id")}
+    -- That entry is the tenant's first due row when it is due and passes the filters; when only the
+    -- filters refused it, the tenant's first row that passes them is looked for.
+    LEFT JOIN LATERAL (
+        SELECT x.id, x.due_at, x.priority WHERE x.ok
+        UNION ALL
+        ({_first_row("NOT x.ok AND x.due_at <= %(now)s AND t.tenant_id = x.tenant_id")})
     ) f ON true
     WHERE c.last AND c.n < %(tenants)s AND c.found < c.lim * {PICK_FACTOR}
     WINDOW w AS (PARTITION BY c.channel_id)
