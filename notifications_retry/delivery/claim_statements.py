@@ -75,9 +75,9 @@ _CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 # - ``ring`` walks the distinct tenant ids of the channel's due index, TENANT_STEP entries a step, each
 #   step starting past the last tenant of the one before (a skip scan), wrapping round from a start
 #   drawn from the claim's time; it takes each tenant's first due row (the step's entry, unless the
-#   filters refuse it). ``n`` counts the tenants
-#   visited, ``found`` those with a due row, ``last`` marks a step's last tenant: the walk stops at
-#   TENANTS_PER_CLAIM tenants, or PICK_FACTOR times the limit found;
+#   filters refuse it). ``n`` counts the tenants visited, ``found`` those with a due row, ``last`` marks
+#   a step's last tenant: the walk stops at TENANTS_PER_CLAIM tenants, or PICK_FACTOR times the limit
+#   found;
 # - ``picks`` starts from those first rows (and the null tenant's), then round after round takes each
 #   tenant's next rows, as many for each (_CHUNK), until PICK_FACTOR times the channel's limit is picked
 #   (``taken``); a row's ``turn`` is its rank in its tenant, ``last`` marks a tenant's last row so far,
