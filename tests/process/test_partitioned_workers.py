@@ -110,3 +110,34 @@ def test_workers_share_the_backlog_by_partition_and_send_each_row_once(start_wor
 
 def test_a_killed_workers_partitions_are_taken_over_and_every_row_is_sent(start_worker, tmp_path):
     drain(start_worker, tmp_path, 4, rows=3000, kill_one=True)
+
+
+def test_a_worker_that_joins_mid_drain_is_given_its_share(start_worker, tmp_path):
+    call_log = tmp_path / "calls.log"
+    channel = ChannelConfig.objects.create(
+        key="hooks",
+        provider_key="slow_recording",
+        timeout_seconds=1.0,
+        max_attempts=5,
+        max_concurrency=8,
+        options={"call_log": str(call_log), "delay": 0.05},
+    )
+    rows = 1500
+    first = start_worker(LOOP, SETTINGS, name="first")
+    wait_until(lambda: _present() == 1, 60, message="the first worker present")
+    seed_due(channel, rows)
+    wait_until(lambda: len(calls(call_log)) > 100, 60, message="the first worker sending")
+    second = start_worker(LOOP, SETTINGS, name="second")
+    try:
+        sent = NotificationEntity.objects.filter(status="sent")
+        wait_until(lambda: sent.count() == rows, 120, 0.2, "every row sent")
+    finally:
+        first.kill()
+        second.kill()
+    made = calls(call_log)
+    per_id = Counter(nid for _, nid in made)
+    assert len(per_id) == rows and set(per_id.values()) == {1}
+    per_worker = Counter(pid for pid, _ in made)
+    # The first gave back half its partitions: the second sent a real part of the rest.
+    assert per_worker[second.pid] > rows // 5, per_worker
+    assert_one_event_per_final_outcome()
