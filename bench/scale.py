@@ -1,7 +1,8 @@
 """``python -m bench.scale`` (``make bench-scale``): what adding workers buys, with ``PARTITIONS``.
 
 Identical looping ``retry_worker`` processes (``PARTITIONS`` = 4 by default), driven only through the
-command line, on a webhook channel whose receiver (``bench.sink``, its own process) answers in 50 ms:
+command line, on a webhook channel whose receiver (``bench.sink``, its own process) answers in 50 ms
+(``--receiver-ms``):
 
 1. latency-bound drain: channel ``max_concurrency`` 64, each worker ``--max-in-flight 16``, so one
    worker's calls in flight bound its rate; rows/s with 1, 2 and 4 workers, and the ratios to 1 worker
@@ -204,7 +205,7 @@ def _rows_read(document: Any) -> tuple[int, str]:
 def _measure(args: argparse.Namespace) -> int:
     print(
         f"notifications_retry scale benchmark — database {bench_dbname()!r}; PARTITIONS {args.partitions}, "
-        f"receiver answering in {RECEIVER_DELAY * 1000:.0f} ms, {args.rows:,} rows per drain"
+        f"receiver answering in {args.receiver_ms:.0f} ms, {args.rows:,} rows per drain"
     )
     recreate_database()
     from bench.db import setup_django
@@ -213,7 +214,7 @@ def _measure(args: argparse.Namespace) -> int:
     from notifications_retry.models import ChannelConfig
 
     missed: list[str] = []
-    sink = Sink(RECEIVER_DELAY)
+    sink = Sink(args.receiver_ms / 1000.0)
     try:
         cid = webhook_channel(sink, max_concurrency=64)
         # A short timeout makes a killed worker's leases short (a lease is a few timeouts plus a grace).
@@ -259,6 +260,8 @@ def _measure(args: argparse.Namespace) -> int:
         print(table(header, lines))
         print(f"({os.cpu_count()} CPUs, shared with PostgreSQL and the receiver)")
 
+        if "kill" not in args.parts:
+            return _finish(args, missed)
         killed = drain(sink, cid, workers=4, rows=args.rows, max_in_flight=16, kill_one=True, **common)
         if killed["duplicates"] > killed["leased_by_victim"] or killed["distinct"] != args.rows:
             missed.append("duplicates after SIGKILL above the killed worker's leased rows, or rows lost")
@@ -274,6 +277,8 @@ def _measure(args: argparse.Namespace) -> int:
             )
         )
 
+        if "rate" not in args.parts:
+            return _finish(args, missed)
         ChannelConfig.objects.filter(pk=cid).update(rate_limit_per_second=RATE)
         rate_rows = int(RATE * args.rate_seconds)
         peaks = []
@@ -288,7 +293,14 @@ def _measure(args: argparse.Namespace) -> int:
         print(table(["workers", "busiest 1-s window", "target ≤", "rows/s"], peaks))
     finally:
         sink.stop()
+    return _finish(args, missed)
 
+
+def _finish(args: argparse.Namespace, missed: list[str]) -> int:
+    """The claim's reading with N partitions (unless left out), then the targets missed."""
+    if "claim" not in args.parts:
+        print("\nTargets missed: " + (", ".join(missed) if missed else "none"))
+        return 1 if missed else 0
     print(f"\nClaim of 200 rows owning one partition of N ({args.claim_rows:,} rows, 1 in 10 due):")
     reading = claim_reading(args.claim_partitions, args.claim_rows, 10, args.repeat)
     print(
@@ -302,6 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     description = (__doc__ or "").splitlines()[0]
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=description)
     parser.add_argument("--rows", type=int, default=6000, help="Due rows per drain.")
+    parser.add_argument(
+        "--receiver-ms",
+        type=float,
+        default=RECEIVER_DELAY * 1000,
+        help="How long the receiver takes to answer (slower: scale-out where CPU is not the limit).",
+    )
+    parser.add_argument(
+        "--parts",
+        nargs="*",
+        choices=["kill", "rate", "claim"],
+        default=["kill", "rate", "claim"],
+        help="Parts run after the latency-bound drain.",
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rate-seconds", type=float, default=10.0, help="Seconds of rows for the rate part.")

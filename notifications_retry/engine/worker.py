@@ -46,6 +46,7 @@ from notifications_retry.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import WorkerHeartbeat
 from notifications_retry.observability import metrics, tracing
+from notifications_retry.observability.heartbeat_file import BEAT_SECONDS, HeartbeatFile
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -68,6 +69,8 @@ class Worker:
         rng: random.Random | None = None,
         sleep: Callable[[float], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        heartbeat_file: str | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.conf = conf = get_settings()
         self.batch_size = batch_size if batch_size is not None else conf.BATCH_SIZE
@@ -110,6 +113,10 @@ class Worker:
                 first=self.rng.randrange(conf.PARTITIONS),
             )
         )
+        #: This process's own heartbeat on disk, for a pod's liveness probe (observability.heartbeat_file).
+        self.heartbeat = HeartbeatFile(heartbeat_file, lane=self.lane) if heartbeat_file else None
+        self.wall = wall
+        self._beat_failed = False
         self._stop = threading.Event()
         self._backoff = failures.Backoff(self.interval)
         # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
@@ -190,7 +197,9 @@ class Worker:
         try:
             while True:
                 started = self.monotonic()
+                self._beat()
                 ticks.append(self.tick())
+                self._beat()
                 if once or self.stopping:
                     break
                 # A tick never overlaps the next. After a failed tick the pause grows (capped), so a
@@ -237,9 +246,14 @@ class Worker:
         partitioned = self.lock if isinstance(self.lock, PartitionLock) else None
         while True:
             # Partitioned, look every few seconds whether a partition is to be taken (its owner died
-            # or gave it back) or given back (a worker joined): then the next tick starts now.
+            # or gave it back) or given back (a worker joined): then the next tick starts now. With a
+            # heartbeat file, write it every few seconds while waiting.
             step = until if partitioned is None else min(until, self.monotonic() + RETRY_SECONDS)
+            if self.heartbeat is not None:
+                step = min(step, self.monotonic() + BEAT_SECONDS)
             wake = self.waiter.wait(until=step, after=after)
+            if self.heartbeat is not None and self.heartbeat.due(self.wall()):
+                self._beat()
             if wake is Wake.FAILED:
                 error = self.waiter.error
                 log.warning(
@@ -247,8 +261,10 @@ class Worker:
                 )
                 self.lock.close()
                 return False
-            if wake is not Wake.INTERVAL or partitioned is None or self.monotonic() >= until:
+            if wake is not Wake.INTERVAL or self.monotonic() >= until:
                 return True
+            if partitioned is None:
+                continue  # woken only to write the heartbeat file
             try:
                 if partitioned.look():
                     return True
@@ -396,6 +412,22 @@ class Worker:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
+    def _beat(self) -> None:
+        """Write this process's heartbeat file, if it has one; a failure is logged once until it heals."""
+        if self.heartbeat is None:
+            return
+        owned = list(self.lock.owned) if isinstance(self.lock, PartitionLock) else None
+        try:
+            self.heartbeat.beat(self.wall(), owned)
+        except OSError as exc:
+            if not self._beat_failed:
+                log.warning(
+                    "heartbeat-file-failed", lane=self.lane, path=str(self.heartbeat.path), error=str(exc)
+                )
+            self._beat_failed = True
+        else:
+            self._beat_failed = False
+
     def _heartbeat(
         self,
         *,
@@ -461,6 +493,7 @@ def run_worker(
     lane: str | None = None,
     max_in_flight: int | None = None,
     install_signals: bool = True,
+    heartbeat_file: str | None = None,
 ) -> Sequence[TickStats]:
     """What the management command calls."""
     worker = Worker(
@@ -469,6 +502,7 @@ def run_worker(
         interval=interval,
         lane=lane,
         max_in_flight=max_in_flight,
+        heartbeat_file=heartbeat_file,
     )
     if install_signals:
         worker.install_signal_handlers()

@@ -8,6 +8,7 @@ too, so a skewed host clock cannot make a healthy worker look dead or the other 
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import datetime
 
 from django.db import DatabaseError
@@ -16,8 +17,9 @@ from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.lanes import DEFAULT_LANE
 from notifications_retry.models import WorkerHeartbeat
+from notifications_retry.observability.heartbeat_file import read_age
 
-__all__ = ["Liveness", "check_liveness"]
+__all__ = ["Liveness", "check_liveness", "check_process_liveness"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,4 +75,30 @@ def check_liveness(
         limit,
         beat.last_tick_completed_at,
         age,
+    )
+
+
+def check_process_liveness(
+    path: str, lane: str | None = None, max_age: float | None = None, now: float | None = None
+) -> Liveness:
+    """Unhealthy when the worker process writing ``path`` (``retry_worker --heartbeat-file``) has not
+    written it for ``max_age`` seconds (default ``HEARTBEAT_MAX_AGE_SECONDS``), or never did. ``now``:
+    wall time, the writer's own clock (the same host's)."""
+    limit = float(max_age if max_age is not None else get_settings().HEARTBEAT_MAX_AGE_SECONDS)
+    lane = lane or DEFAULT_LANE
+    try:
+        age, body = read_age(path, time.time() if now is None else now)
+    except FileNotFoundError:
+        return Liveness(lane, False, f"no heartbeat written to {path} yet", limit)
+    except (OSError, ValueError) as exc:
+        return Liveness(lane, False, f"cannot read the heartbeat file {path}: {exc}", limit)
+    who = f"pid {body.get('pid')}, partitions {body.get('partitions') or 'none'}"
+    if body.get("lane") != lane:
+        return Liveness(lane, False, f"{path} is lane {body.get('lane')!r}'s heartbeat ({who})", limit)
+    if age > limit:
+        return Liveness(
+            lane, False, f"process last beat {age:.0f}s ago (max {limit:g}s; {who})", limit, None, age
+        )
+    return Liveness(
+        lane, True, f"process last beat {max(age, 0):.0f}s ago (max {limit:g}s; {who})", limit, None, age
     )

@@ -1,7 +1,8 @@
 """``manage.py retry_worker``: parse options, run the worker. No SQL, no HTTP here. Options: docs/contract.md.
 
 ``--metrics-port`` serves Prometheus metrics from this process (never started by importing the app);
-``--check`` is a liveness probe: exit 1 when the lane's last completed tick is too old.
+``--check`` is a liveness probe: exit 1 when the lane's last completed tick is too old (with
+``--heartbeat-file``, when this process's own heartbeat file is).
 Exit statuses are listed in ``EXIT_STATUSES`` (and docs/operations.md).
 """
 
@@ -22,7 +23,7 @@ from notifications_retry.engine.worker import run_worker
 from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
-from notifications_retry.observability.liveness import check_liveness
+from notifications_retry.observability.liveness import check_liveness, check_process_liveness
 from notifications_retry.version import __version__
 
 log = structlog.get_logger("notifications_retry.command")
@@ -109,6 +110,14 @@ class Command(BaseCommand):
             "enough, 1 otherwise. Runs no tick.",
         )
         parser.add_argument(
+            "--heartbeat-file",
+            default=None,
+            metavar="PATH",
+            help="This process's own heartbeat: the worker writes PATH at each tick's start and end and "
+            "every few seconds while it waits; with --check, healthy only when PATH is recent, so a "
+            "probe judges its own pod, not the lane (which another worker may keep ticking).",
+        )
+        parser.add_argument(
             "--max-age",
             type=option_types.positive_float,
             default=None,
@@ -144,6 +153,7 @@ class Command(BaseCommand):
                 interval=options["interval"],
                 lane=options["lane"],
                 max_in_flight=options["max_in_flight"],
+                heartbeat_file=options["heartbeat_file"],
             )
         except LockNotDirect as exc:
             raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
@@ -186,7 +196,10 @@ class Command(BaseCommand):
                 f"unknown lane {lane!r}; configured lanes: {sorted(get_settings().LANES) or 'none'}",
                 returncode=2,
             )
-        verdict = check_liveness(lane=lane, max_age=options["max_age"])
+        if options["heartbeat_file"]:
+            verdict = check_process_liveness(options["heartbeat_file"], lane=lane, max_age=options["max_age"])
+        else:
+            verdict = check_liveness(lane=lane, max_age=options["max_age"])
         if not verdict.healthy:
             raise CommandError(verdict.describe(), returncode=1)
         self.stdout.write(verdict.describe())
