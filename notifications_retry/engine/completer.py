@@ -25,7 +25,7 @@ from notifications_retry.retry import exponential_delay
 log = structlog.get_logger("notifications_retry.worker")
 
 #: The longest an outcome waits for batch-mates before its commit starts.
-MAX_DELAY_SECONDS = 0.025
+MAX_DELAY_SECONDS = 0.010
 #: Backoff between commit attempts while the database is unreachable.
 RETRY_FIRST_SECONDS = 0.1
 RETRY_MAX_SECONDS = 2.0
