@@ -136,12 +136,19 @@ def wakeup_triggers() -> list[pgtrigger.Trigger]:
     claim) or clears it (an outcome) wakes no one, and the condition is checked before any call.
     """
     return [
+        # Once per statement, over the statement's new rows: with a row-level trigger a bulk INSERT's
+        # time grew faster than its rows (docs/performance.md, "Wake-ups"), and a monolith
+        # bulk-schedules in one statement.
         pgtrigger.Trigger(
             name="nr_wakeup_on_insert",
+            level=pgtrigger.Statement,
             when=pgtrigger.After,
             operation=pgtrigger.Insert,
-            condition=pgtrigger.Condition("NEW.due_at IS NOT NULL"),
-            func=NOTIFY_WAKEUP_SQL,
+            referencing=pgtrigger.Referencing(new="nr_new_rows"),  # type: ignore[no-untyped-call]
+            func=(
+                "IF EXISTS (SELECT 1 FROM nr_new_rows WHERE due_at IS NOT NULL) THEN "
+                f"PERFORM pg_notify('{WAKEUP_CHANNEL}', ''); END IF; RETURN NULL;"
+            ),
         ),
         pgtrigger.Trigger(
             name="nr_wakeup_on_update",

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from notifications_retry import api
@@ -115,3 +116,24 @@ def test_the_next_due_time_is_the_lanes_own(lock: AdvisoryLock) -> None:
     assert lane.earliest_due(None) == now + timedelta(seconds=3)
     assert lane.earliest_due(now + timedelta(seconds=5)) == now + timedelta(seconds=7)
     assert listening(lock, channels={"mine"}, priorities=[5]).earliest_due(None) == now + timedelta(seconds=5)
+
+
+def test_a_bulk_insert_wakes_once_per_statement_and_only_with_a_due_row(lock: AdvisoryLock) -> None:
+    """A monolith bulk-schedules in one statement: the wake-up runs once over the statement's new rows
+    (a row-level trigger made such an INSERT grow faster than its rows), and rows with nothing due
+    (handed to the monolith's own first attempt) wake no one."""
+    channel = ChannelFactory(key="app")
+    port = listening(lock)
+    NotificationEntity.objects.bulk_create([NotificationFactory.build(channel=channel) for _ in range(50)])
+    assert not port.notified(SILENCE_SECONDS)
+    send_at = timezone.now() + timedelta(seconds=30)
+    scheduled = [NotificationFactory.build(channel=channel, scheduled_at=send_at) for _ in range(500)]
+    NotificationEntity.objects.bulk_create(scheduled)
+    assert port.notified(ARRIVAL_SECONDS)
+    assert not port.notified(SILENCE_SECONDS)  # one notification for the 500 rows
+    assert port.earliest_due(None) == send_at
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tgtype & 1 FROM pg_trigger WHERE tgname LIKE 'pgtrigger_nr_wakeup_on_insert_%'"
+        )
+        assert cursor.fetchone() == (0,)  # bit 0 clear: FOR EACH STATEMENT

@@ -126,6 +126,15 @@ def test_fairness_bench_reports_the_small_tenants_lateness_and_the_drain(bench_d
     assert "tenant A's drain took" in out and "Targets missed:" in out
 
 
+def test_bulk_insert_bench_compares_the_wakeup_triggers(bench_database: str) -> None:
+    out = run_bench("bench.bulk_insert", bench_database, "--rows", "300")
+    variants = ["per statement (shipped)", "per row (migration 0015, before 0017)", "no wake-up trigger"]
+    cells_of = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("300 ")]
+    lines = [cells for cells in cells_of if len(cells) == 4]  # the table, not the progress line
+    assert [cells[1] for cells in lines] == variants, out
+    assert all(float(cells[2]) > 0 for cells in lines), out
+
+
 def test_crash_bench_reports_lost_duplicates_and_recovery(bench_database: str) -> None:
     out = run_bench(
         "bench.crash", bench_database, "--rows", "200", "--kills", "2", "--concurrency", "4", timeout=280
