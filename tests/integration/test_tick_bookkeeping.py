@@ -1,0 +1,59 @@
+"""A worker counts the backlog (gauges, the admin's sample) and writes the lane's heartbeat at most every
+``BOOKKEEPING_SECONDS``, however often its ticks end: on a large backlog the counts cost as much as a
+tick of ``BATCH_SIZE`` rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from notifications_retry.engine.worker import BOOKKEEPING_SECONDS, Worker
+from notifications_retry.models import BacklogSample, WorkerHeartbeat
+from notifications_retry.observability import metrics
+from tests.factories import ChannelFactory, due_notifications
+
+pytestmark = pytest.mark.django_db
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_ticks_within_the_window_count_once_and_the_next_window_counts_again(clock):
+    channel = ChannelFactory(key="in_app")
+    mono = Monotonic()
+    worker = Worker(clock=clock, rng=random.Random(1), monotonic=mono, batch_size=2)
+    due_notifications(clock, channel, 5)
+    worker.tick()  # the first tick counts: 5 due before it, 3 after
+    first = WorkerHeartbeat.objects.get(lane="default").last_tick_completed_at
+    assert BacklogSample.objects.count() == 1
+    assert metrics.DUE_BACKLOG._value.get() == 3
+
+    assert BOOKKEEPING_SECONDS > 1
+    clock.advance(1)
+    mono.t += 1
+    worker.tick()  # 2 more sent; within the window: no count, no sample, no heartbeat row
+    assert BacklogSample.objects.count() == 1
+    assert metrics.DUE_BACKLOG._value.get() == 3
+    assert WorkerHeartbeat.objects.get(lane="default").last_tick_completed_at == first
+
+    clock.advance(1)
+    mono.t += BOOKKEEPING_SECONDS
+    worker.tick()  # the window has passed: counted again
+    assert BacklogSample.objects.count() == 2
+    assert metrics.DUE_BACKLOG._value.get() == 0
+    assert WorkerHeartbeat.objects.get(lane="default").last_tick_completed_at == clock.now()
+
+
+def test_a_stopping_workers_last_tick_always_counts(clock):
+    ChannelFactory(key="in_app")
+    worker = Worker(clock=clock, rng=random.Random(1), monotonic=Monotonic())
+    worker.tick()
+    worker.stop()
+    worker.tick()
+    assert BacklogSample.objects.count() == 2
