@@ -135,6 +135,12 @@ def test_bulk_insert_bench_compares_the_wakeup_triggers(bench_database: str) -> 
     assert all(float(cells[2]) > 0 for cells in lines), out
 
 
+def test_bookkeeping_bench_compares_the_windows(bench_database: str) -> None:
+    out = run_bench("bench.bookkeeping", bench_database, "--rows", "400")
+    assert "after every tick" in out and "(shipped)" in out, out
+    assert re.search(r"shipped / after every tick: \d+\.\d\d", out), out
+
+
 def test_crash_bench_reports_lost_duplicates_and_recovery(bench_database: str) -> None:
     out = run_bench(
         "bench.crash", bench_database, "--rows", "200", "--kills", "2", "--concurrency", "4", timeout=280
