@@ -120,7 +120,6 @@ class Worker:
         #: This process's own heartbeat on disk, for a pod's liveness probe (observability.heartbeat_file).
         self.heartbeat = HeartbeatFile(heartbeat_file, lane=self.lane) if heartbeat_file else None
         self.wall = wall
-        self._beat_failed = False
         #: When the backlog was last counted and the lane's heartbeat written (monotonic).
         self._booked_at: float | None = None
         self._stop = threading.Event()
@@ -419,20 +418,10 @@ class Worker:
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _beat(self) -> None:
-        """Write this process's heartbeat file, if it has one; a failure is logged once until it heals."""
-        if self.heartbeat is None:
-            return
-        owned = list(self.lock.owned) if isinstance(self.lock, PartitionLock) else None
-        try:
-            self.heartbeat.beat(self.wall(), owned)
-        except OSError as exc:
-            if not self._beat_failed:
-                log.warning(
-                    "heartbeat-file-failed", lane=self.lane, path=str(self.heartbeat.path), error=str(exc)
-                )
-            self._beat_failed = True
-        else:
-            self._beat_failed = False
+        """Write this process's heartbeat file, if it has one, naming the partitions it owns."""
+        if self.heartbeat is not None:
+            owned = list(self.lock.owned) if isinstance(self.lock, PartitionLock) else None
+            self.heartbeat.try_beat(self.wall(), owned, log)
 
     def _heartbeat(
         self,
@@ -457,9 +446,9 @@ class Worker:
         from notifications_retry.models import BacklogSample
         from notifications_retry.observability.health import backlog
 
+        metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())  # no database: every tick
         # The backlog's counts read every due row's index entry: after every tick of a large backlog
         # (a tick ends at BATCH_SIZE rows) they would cost as much as the tick, once per worker.
-        metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())  # no database: every tick
         now_mono = self.monotonic()
         if (
             self._booked_at is not None

@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["BEAT_SECONDS", "HeartbeatFile", "read_age"]
 
@@ -30,6 +31,8 @@ class HeartbeatFile:
         self.lane = lane
         #: Wall time of the last write (``at``), so waits know when the next one is due.
         self.written_at: float | None = None
+        #: The last write failed (logged once, until one succeeds).
+        self.failing = False
 
     def beat(self, now: float, partitions: Sequence[int] | None = None) -> None:
         """Write the file (a rename over the old one, so a probe never reads half of it)."""
@@ -44,6 +47,18 @@ class HeartbeatFile:
             Path(tmp).unlink(missing_ok=True)
             raise
         self.written_at = now
+
+    def try_beat(self, now: float, partitions: Sequence[int] | None, log: Any) -> None:
+        """:meth:`beat`, a failure logged once (``heartbeat-file-failed``) until a write succeeds: the
+        probe then fails, and the worker keeps working."""
+        try:
+            self.beat(now, partitions)
+        except OSError as exc:
+            if not self.failing:
+                log.warning("heartbeat-file-failed", lane=self.lane, path=str(self.path), error=str(exc))
+            self.failing = True
+        else:
+            self.failing = False
 
     def due(self, now: float) -> bool:
         """Whether a waiting worker should write again."""

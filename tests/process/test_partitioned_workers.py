@@ -49,16 +49,21 @@ def leases() -> dict[str, str]:
         return dict(cursor.fetchall())
 
 
-def drain(start_worker, tmp_path: Path, count: int, rows: int, kill_one: bool = False) -> None:
-    call_log = tmp_path / "calls.log"
-    channel = ChannelConfig.objects.create(
+def slow_channel(call_log: Path, max_concurrency: int) -> ChannelConfig:
+    """A channel whose provider answers in 50 ms and logs (worker pid, notification id) per call."""
+    return ChannelConfig.objects.create(
         key="hooks",
         provider_key="slow_recording",
         timeout_seconds=1.0,
         max_attempts=5,
-        max_concurrency=32,
+        max_concurrency=max_concurrency,
         options={"call_log": str(call_log), "delay": 0.05},
     )
+
+
+def drain(start_worker, tmp_path: Path, count: int, rows: int, kill_one: bool = False) -> None:
+    call_log = tmp_path / "calls.log"
+    channel = slow_channel(call_log, max_concurrency=32)
     workers = [start_worker(LOOP, SETTINGS, name=f"w{i}") for i in range(count)]
     # The backlog arrives once every worker is up: each then drains its own partitions.
     wait_until(lambda: _present() == count, 60, message=f"{count} workers present")
@@ -114,14 +119,7 @@ def test_a_killed_workers_partitions_are_taken_over_and_every_row_is_sent(start_
 
 def test_a_worker_that_joins_mid_drain_is_given_its_share(start_worker, tmp_path):
     call_log = tmp_path / "calls.log"
-    channel = ChannelConfig.objects.create(
-        key="hooks",
-        provider_key="slow_recording",
-        timeout_seconds=1.0,
-        max_attempts=5,
-        max_concurrency=8,
-        options={"call_log": str(call_log), "delay": 0.05},
-    )
+    channel = slow_channel(call_log, max_concurrency=8)
     rows = 1500
     first = start_worker(LOOP, SETTINGS, name="first")
     wait_until(lambda: _present() == 1, 60, message="the first worker present")
