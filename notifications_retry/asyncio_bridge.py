@@ -1,9 +1,11 @@
-"""Synchronous code meeting asynchronous code: the app's one loop-on-a-thread and its one sync-to-async call.
+"""Synchronous code meeting asynchronous code: the app's loops and its one sync-to-async call.
 
 - :func:`run_sync` runs a coroutine to completion from synchronous code (``api.send_now``, a webhook
   provider's ``send``): on a new loop, or on a short-lived thread when this thread runs a loop already.
-- :class:`LoopThread` keeps an event loop running on a daemon thread: the worker's sends (spawned as
-  tasks) and the asynchronous broker clients of the outbox relay (called and waited for) live there.
+- :class:`SteppedLoop` is an event loop its owner's thread runs in steps, between its own synchronous
+  work: the worker's sends live there, on the worker's own thread (the tick's state has one owner).
+- :class:`LoopThread` keeps an event loop running on a daemon thread: the asynchronous broker clients
+  of the outbox relay (called and waited for) live there.
 """
 
 from __future__ import annotations
@@ -35,6 +37,88 @@ def run_sync(coroutine: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run(coroutine)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="notifications-retry-sync") as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+class SteppedLoop:
+    """An event loop run only by the thread that owns it, in steps: while it waits for an event or a pause.
+
+    Its tasks progress while the owner waits (:meth:`wait`, :meth:`pause`); between steps the owner
+    runs synchronous code (Django's ORM refuses to run inside a running loop) and the tasks stand
+    still. Everything they change is therefore changed on the owner's thread: it needs no lock.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Spawned tasks: the loop keeps only weak references to tasks.
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._event: asyncio.Event | None = None
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    def spawn(self, coroutines: Iterable[Coroutine[Any, Any, None]]) -> None:
+        """Make the coroutines tasks of the loop; they start at its next step."""
+        loop = self._started()
+        for coroutine in coroutines:
+            task = loop.create_task(coroutine)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a spawned task has not ended."""
+        return bool(self._tasks)
+
+    def signal(self) -> None:
+        """Called by a task: end the owner's current :meth:`wait` (the task has something to hand over)."""
+        if self._event is not None:
+            self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        """Run the loop until a task calls :meth:`signal` or ``timeout`` seconds pass."""
+        self._started().run_until_complete(self._wait(timeout))
+
+    async def _wait(self, timeout: float) -> None:
+        event = self._event = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), max(0.0, timeout))
+        finally:
+            self._event = None
+
+    def pause(self, seconds: float) -> None:
+        """Run the loop for ``seconds`` (the owner's pause: the tasks go on meanwhile)."""
+        self._started().run_until_complete(asyncio.sleep(max(0.0, seconds)))
+
+    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run the loop until ``coroutine`` is done; its result."""
+        return self._started().run_until_complete(coroutine)
+
+    def close(self) -> None:
+        """Cancel what still runs on the loop, let it run out (transports closed), and close the loop."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(self._finish())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+        self._tasks.clear()
+
+    async def _finish(self) -> None:
+        """Cancel the spawned tasks (calls still in flight); let the others (a client's close) end."""
+        await asyncio.sleep(0)  # tasks created just before start first
+        for task in list(self._tasks):
+            task.cancel()
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=STOP_TIMEOUT_SECONDS)
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await asyncio.sleep(0)  # transports finish closing
 
 
 class LoopThread:
@@ -107,4 +191,4 @@ async def _cancel_pending() -> None:
     await asyncio.sleep(0)  # transports finish closing
 
 
-__all__ = ["LoopThread", "run_sync"]
+__all__ = ["LoopThread", "SteppedLoop", "run_sync"]

@@ -1,9 +1,10 @@
 """The only code that writes notification and outbox rows.
 
 - :mod:`.create` inserts a new Pending notification (``api.create_notification``);
-- :mod:`.claim` leases due rows for sending (and settles those that cannot be sent any more), with
-  its statements in :mod:`.claim_statements` and the size and shape limits every claimed row is held
-  to in :mod:`.row_limits`;
+- :mod:`.claim` leases due rows for sending (and settles those that cannot be sent any more), on
+  Django's connection or an asynchronous one (the worker's claims of asynchronous channels), with
+  its statements and plan in :mod:`.claim_statements` and the size and shape limits every claimed
+  row is held to in :mod:`.row_limits`;
 - :mod:`.finalize` applies outcomes and their outbox events under the claim token, and gives back
   leases that were never used;
 - :mod:`.handoff` records the outcome of the monolith's own first send;
@@ -16,6 +17,8 @@
 - :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
 - :mod:`.health` counts each batch's provider calls into a channel's health window and applies its
   automatic changes (and the operator's re-enable), with their outbox events;
+- :mod:`.statements` runs a transaction's statements, written once as data, on Django's cursor or
+  an asynchronous psycopg one;
 - :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows);
 - :mod:`.wakeup` is what a waiting worker asks: LISTEN, and when its next row falls due (it writes no
   rows).
@@ -25,7 +28,14 @@ The provider is always called with no transaction open: claim short, call, final
 
 from __future__ import annotations
 
-from notifications_retry.delivery.claim import ChannelClaim, ClaimBatch, Partitions, claim_due, claim_query
+from notifications_retry.delivery.claim import (
+    ChannelClaim,
+    ClaimBatch,
+    Partitions,
+    claim_due,
+    claim_due_async,
+    claim_query,
+)
 from notifications_retry.delivery.finalize import (
     MAX_ERROR_CHARS,
     CommitUnavailable,
@@ -62,6 +72,7 @@ __all__ = [
     "Partitions",
     "attempt_budget",
     "claim_due",
+    "claim_due_async",
     "claim_query",
     "finalize",
     "release",

@@ -12,36 +12,40 @@ then on, so one poison row never stops the healthy rows beside it.
 A claim reads at most about :data:`CLAIM_PAYLOAD_BYTES` of payloads, whatever its row limit: the rows
 past that stay due (their payloads are not even read) and are claimed next, so memory follows this
 budget, not ``CLAIM_CHUNK_SIZE`` times ``MAX_PAYLOAD_BYTES``.
+
+The claim's statements are written once, as data (:mod:`.statements`): :func:`claim_due` runs them on
+Django's connection, :func:`claim_due_async` on an asynchronous psycopg connection (the worker's claims
+of asynchronous channels, awaited while the calls in flight go on). What goes wrong there is redone
+through :func:`claim_due`, whose fallbacks (a poison row claimed alone, an outage told from a refused
+row) are written once, here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import math
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import structlog
 from django.db import DatabaseError, connection, transaction
 
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery import row_limits
 from notifications_retry.delivery.claim_statements import (
-    CLAIM_SELECT,
-    CLAIM_SELECT_ONE,
+    CLAIM_PAYLOAD_BYTES,
     CLAIM_UPDATE,
-    ESTIMATE_13,
-    ESTIMATE_14,
-    PARTITION_OF,
-    TENANTS_PER_CLAIM,
+    ChannelClaim,
+    Partitions,
+    claim_query,
 )
-from notifications_retry.delivery.finalize import apply_outcomes, connection_lost, reachable
-from notifications_retry.delivery.session import bound_transaction
-from notifications_retry.delivery.suppression import suppressed_in_batch
+from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
+from notifications_retry.delivery.session import BOUND_SQL, bound_params, bound_transaction
+from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_steps_async
+from notifications_retry.delivery.suppression import suppressed_steps
 from notifications_retry.exception_chain import first_line
 from notifications_retry.outcomes import (
     TERMINAL,
@@ -57,23 +61,6 @@ from notifications_retry.outcomes import (
 default_log = structlog.get_logger("notifications_retry.delivery")
 
 
-@dataclasses.dataclass(frozen=True)
-class ChannelClaim:
-    """How many rows of one channel to claim now, and for how long."""
-
-    channel_id: int
-    limit: int
-    lease_seconds: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Partitions:
-    """The partitions a claim may take rows of: ``owned`` among ``count`` (engine.partitions)."""
-
-    count: int
-    owned: tuple[int, ...]
-
-
 @dataclasses.dataclass
 class ClaimBatch:
     """Rows leased for sending, rows settled inside the claim, and rows set aside as poison."""
@@ -85,68 +72,6 @@ class ClaimBatch:
     more: bool = False
     #: Rows the claim could not read or lease, with the database's reason.
     poisoned: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
-
-
-#: Payload bytes one claim reads at most (estimated from what the rows store): with the claim beside
-#: it and Python's copies of each payload, a worker's memory stays a small multiple of this.
-CLAIM_PAYLOAD_BYTES = 16 * 1024 * 1024
-
-
-def claim_query(
-    now: datetime,
-    plan: Sequence[ChannelClaim],
-    *,
-    total: int,
-    priorities: Sequence[int] | None = None,
-    skip: Collection[uuid.UUID] = (),
-    only: uuid.UUID | None = None,
-    max_payload_bytes: int | None = None,
-    partitions: Partitions | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks).
-
-    ``max_payload_bytes`` (what a compressed payload counts as) defaults to the ``MAX_PAYLOAD_BYTES``
-    setting. ``partitions``: only rows of these partitions (None: every row).
-    """
-    filters = []
-    # The walk over tenants counts a tenant whatever partition its rows are in, and finds one with a row
-    # of the worker's partitions among about count / owned: it may visit that many times more tenants.
-    tenants = TENANTS_PER_CLAIM
-    if partitions is not None and partitions.count > 1:
-        filters.append(f"AND {PARTITION_OF.format(row='t')} = ANY(%(partitions)s)")
-        tenants = math.ceil(TENANTS_PER_CLAIM * partitions.count / max(1, len(partitions.owned)))
-    if priorities:
-        filters.append("AND t.priority = ANY(%(priorities)s)")
-    if skip:
-        filters.append("AND t.id <> ALL(%(skip)s::uuid[])")
-    if only is not None:
-        filters.append("AND t.id = %(only)s")
-    params: dict[str, Any] = {
-        "channels": [p.channel_id for p in plan],
-        "limits": [p.limit for p in plan],
-        "leases": [float(p.lease_seconds) for p in plan],
-        "now": now,
-        "total": total,
-        "priorities": list(priorities or []),
-        "skip": [str(i) for i in skip],
-        "only": only,
-        "partition_count": partitions.count if partitions is not None else 1,
-        "partitions": list(partitions.owned) if partitions is not None else [],
-        "budget": CLAIM_PAYLOAD_BYTES,
-        "tenants": tenants,
-        "start": ring_start(now),
-        "max_payload": get_settings().MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes,
-    }
-    # Django's PostgreSQL backend knows the server's version (read once per connection wrapper).
-    estimate = ESTIMATE_14 if int(getattr(connection, "pg_version", 0)) >= 140000 else ESTIMATE_13
-    statement = CLAIM_SELECT if only is None else CLAIM_SELECT_ONE
-    return statement.format(filters=" ".join(filters), estimate=estimate), params
-
-
-def ring_start(now: datetime) -> uuid.UUID:
-    """Where a claim at ``now`` starts its walk round the ring of tenant ids: drawn from the time, so
-    claims start at points spread over the ring (what matters past ``TENANTS_PER_CLAIM`` tenants)."""
-    return uuid.UUID(bytes=hashlib.md5(now.isoformat().encode(), usedforsecurity=False).digest())
 
 
 Settle = Callable[[ClaimedRecord], Outcome | None]
@@ -214,6 +139,40 @@ def claim_due(
         return claim.isolate(plan, total, exc, log)
 
 
+async def claim_due_async(
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    now: datetime,
+    plan: Sequence[ChannelClaim],
+    *,
+    total: int,
+    budgets: Mapping[int, tuple[int, str]],
+    attempts_by_type: Mapping[str, int] | None,
+    priorities: Sequence[int] | None,
+    skip: Collection[uuid.UUID],
+    max_payload_bytes: int,
+    partitions: Partitions | None = None,
+) -> ClaimBatch:
+    """Lease up to ``total`` due rows by ``plan`` on ``conn``, as :func:`claim_due` does without
+    ``settle`` (only inline channels settle in their claim); raises what psycopg raised (the
+    transaction rolled back: the caller redoes the claim through :func:`claim_due`)."""
+    plan = [p for p in plan if p.limit > 0]
+    if not plan or total <= 0:
+        return ClaimBatch([], [])
+    claim = _Claim(
+        now,
+        budgets,
+        attempts_by_type or {},
+        priorities,
+        skip,
+        max_payload_bytes,
+        partitions,
+        server_version=conn.info.server_version,
+    )
+    async with conn.transaction(), conn.cursor() as cursor:
+        await cursor.execute(BOUND_SQL, bound_params())
+        return await run_steps_async(claim.steps(plan, total, None), cursor)
+
+
 class _Claim:
     """One claim's parameters and the rows it read."""
 
@@ -226,8 +185,10 @@ class _Claim:
         skip: Collection[uuid.UUID],
         max_payload_bytes: int,
         partitions: Partitions | None = None,
+        server_version: int | None = None,
     ) -> None:
         self.now = now
+        self.server_version = server_version
         self.partitions = partitions
         self.budgets = budgets
         self.by_type = by_type
@@ -249,50 +210,54 @@ class _Claim:
             only=only,
             max_payload_bytes=self.max_payload_bytes,
             partitions=self.partitions,
+            server_version=self.server_version,
         )
 
     def run(
         self, plan: Sequence[ChannelClaim], total: int, settle: Settle | None, only: uuid.UUID | None = None
     ) -> ClaimBatch:
+        with transaction.atomic(), connection.cursor() as cursor:
+            bound_transaction(cursor)
+            return run_steps(self.steps(plan, total, settle, only), cursor)
+
+    def steps(
+        self, plan: Sequence[ChannelClaim], total: int, settle: Settle | None, only: uuid.UUID | None = None
+    ) -> Steps[ClaimBatch]:
+        """The claim's statements (delivery.statements), inside the caller's bounded transaction."""
         token = uuid.uuid4()
         sql, params = self.query(plan, total, only)
         records: list[ClaimedRecord] = []
         settled: list[Outcome] = []
-        with transaction.atomic(), connection.cursor() as cursor:
-            bound_transaction(cursor)
-            cursor.execute(sql, params)
-            fetched = cursor.fetchall()
-            # Rows past the payload budget stay due, unleased: the next claim takes them.
-            within = [row for row in fetched if not row[_OVER_BUDGET]]
-            rows, more = _recovery_group(within)
-            more = more or len(within) < len(fetched)
-            self.suppressed = suppressed_in_batch(
-                cursor, [(row[0], self.budgets[row[2]][1], row[3]) for row in rows], self.now
-            )
-            ids: list[str] = []
-            leases: list[str] = []
-            for row in rows:
-                record, lease, stop = self._record(row)
-                if stop is not None:
-                    settled.append(Outcome(record, TERMINAL, error_kind=stop.kind, error=stop.error))
-                    continue
-                record.attempts += 1
-                outcome = settle(record) if settle is not None else None
-                if outcome is not None:
-                    settled.append(outcome)
-                    continue
-                record.claim_token = token
-                record.lease_expires_at = self.now + timedelta(seconds=lease)
-                ids.append(str(record.id))
-                leases.append(repr(lease))
-                records.append(record)
-            if ids:
-                cursor.execute(
-                    CLAIM_UPDATE,
-                    {"token": token, "now": self.now, "ids": ",".join(ids), "leases": ",".join(leases)},
-                )
-            if settled:
-                apply_outcomes(settled, self.now, guarded=False)
+        fetched = yield Statement(sql, params)
+        # Rows past the payload budget stay due, unleased: the next claim takes them.
+        within = [row for row in fetched if not row[_OVER_BUDGET]]
+        rows, more = _recovery_group(within)
+        more = more or len(within) < len(fetched)
+        self.suppressed = yield from suppressed_steps(
+            [(row[0], self.budgets[row[2]][1], row[3]) for row in rows], self.now
+        )
+        ids: list[str] = []
+        leases: list[str] = []
+        for row in rows:
+            record, lease, stop = self._record(row)
+            if stop is not None:
+                settled.append(Outcome(record, TERMINAL, error_kind=stop.kind, error=stop.error))
+                continue
+            record.attempts += 1
+            outcome = settle(record) if settle is not None else None
+            if outcome is not None:
+                settled.append(outcome)
+                continue
+            record.claim_token = token
+            record.lease_expires_at = self.now + timedelta(seconds=lease)
+            ids.append(str(record.id))
+            leases.append(repr(lease))
+            records.append(record)
+        if ids:
+            leased = {"token": token, "now": self.now, "ids": ",".join(ids), "leases": ",".join(leases)}
+            yield Statement(CLAIM_UPDATE, leased, rows=False)
+        if settled:
+            yield from outcome_steps(settled, self.now, guarded=False)
         return ClaimBatch(records, settled, more)
 
     def _record(self, row: Sequence[Any]) -> tuple[ClaimedRecord, float, Failure | None]:
@@ -401,4 +366,12 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-__all__ = ["CLAIM_PAYLOAD_BYTES", "ChannelClaim", "ClaimBatch", "Partitions", "claim_due", "claim_query"]
+__all__ = [
+    "CLAIM_PAYLOAD_BYTES",
+    "ChannelClaim",
+    "ClaimBatch",
+    "Partitions",
+    "claim_due",
+    "claim_due_async",
+    "claim_query",
+]

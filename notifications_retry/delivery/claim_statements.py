@@ -1,7 +1,20 @@
-"""The claim's SQL statements (run by :mod:`.claim`): what is selected and locked, and the lease update."""
+"""The claim's SQL statements (run by :mod:`.claim`): what is selected and locked, and the lease update;
+the claim's plan (:class:`ChannelClaim`, :class:`Partitions`) and :func:`claim_query`, which builds the
+SELECT from it."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import math
+import uuid
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from notifications_retry.conf import get_settings
 from notifications_retry.delivery import row_limits
 from notifications_retry.models import NotificationEntity
 
@@ -224,3 +237,85 @@ FROM unnest(string_to_array(%(ids)s, ',')::uuid[], string_to_array(%(leases)s, '
      AS v(id, lease)
 WHERE t.id = v.id
 """
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelClaim:
+    """How many rows of one channel to claim now, and for how long."""
+
+    channel_id: int
+    limit: int
+    lease_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitions:
+    """The partitions a claim may take rows of: ``owned`` among ``count`` (engine.partitions)."""
+
+    count: int
+    owned: tuple[int, ...]
+
+
+#: Payload bytes one claim reads at most (estimated from what the rows store): with the claim beside
+#: it and Python's copies of each payload, a worker's memory stays a small multiple of this.
+CLAIM_PAYLOAD_BYTES = 16 * 1024 * 1024
+
+
+def claim_query(
+    now: datetime,
+    plan: Sequence[ChannelClaim],
+    *,
+    total: int,
+    priorities: Sequence[int] | None = None,
+    skip: Collection[uuid.UUID] = (),
+    only: uuid.UUID | None = None,
+    max_payload_bytes: int | None = None,
+    partitions: Partitions | None = None,
+    server_version: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The claim's SELECT and its parameters: what :func:`claim_due` runs (and what EXPLAIN checks).
+
+    ``max_payload_bytes`` (what a compressed payload counts as) defaults to the ``MAX_PAYLOAD_BYTES``
+    setting. ``partitions``: only rows of these partitions (None: every row). ``server_version``:
+    PostgreSQL's (``server_version_num``), by default as Django's connection read it.
+    """
+    filters = []
+    # The walk over tenants counts a tenant whatever partition its rows are in, and finds one with a row
+    # of the worker's partitions among about count / owned: it may visit that many times more tenants.
+    tenants = TENANTS_PER_CLAIM
+    if partitions is not None and partitions.count > 1:
+        filters.append(f"AND {PARTITION_OF.format(row='t')} = ANY(%(partitions)s)")
+        tenants = math.ceil(TENANTS_PER_CLAIM * partitions.count / max(1, len(partitions.owned)))
+    if priorities:
+        filters.append("AND t.priority = ANY(%(priorities)s)")
+    if skip:
+        filters.append("AND t.id <> ALL(%(skip)s::uuid[])")
+    if only is not None:
+        filters.append("AND t.id = %(only)s")
+    params: dict[str, Any] = {
+        "channels": [p.channel_id for p in plan],
+        "limits": [p.limit for p in plan],
+        "leases": [float(p.lease_seconds) for p in plan],
+        "now": now,
+        "total": total,
+        "priorities": list(priorities or []),
+        "skip": [str(i) for i in skip],
+        "only": only,
+        "partition_count": partitions.count if partitions is not None else 1,
+        "partitions": list(partitions.owned) if partitions is not None else [],
+        "budget": CLAIM_PAYLOAD_BYTES,
+        "tenants": tenants,
+        "start": ring_start(now),
+        "max_payload": get_settings().MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes,
+    }
+    if server_version is None:  # Django's PostgreSQL backend reads it once per connection wrapper
+        server_version = int(getattr(connection, "pg_version", 0))
+    estimate = ESTIMATE_14 if server_version >= 140000 else ESTIMATE_13
+    statement = CLAIM_SELECT if only is None else CLAIM_SELECT_ONE
+    return statement.format(filters=" ".join(filters), estimate=estimate), params
+
+
+def ring_start(now: datetime) -> uuid.UUID:
+    """Where a claim at ``now`` starts its walk round the ring of tenant ids: drawn from the time, so
+    claims start at points spread over the ring (what matters past ``TENANTS_PER_CLAIM`` tenants)."""
+    return uuid.UUID(bytes=hashlib.md5(now.isoformat().encode(), usedforsecurity=False).digest())

@@ -20,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from notifications_retry import events
 from notifications_retry.delivery import health
 from notifications_retry.delivery.session import bound_transaction
+from notifications_retry.delivery.statements import Statement, Steps, run_steps
 from notifications_retry.delivery.suppression import suppress_gone_mailboxes
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
@@ -124,6 +125,23 @@ FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(key text, generation int, payload 
 
 def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list[Outcome]:
     """Write outcomes (and their events) in the caller's transaction; returns those applied."""
+    with connection.cursor() as cursor:
+        if guarded:  # the claim's own transaction (unguarded) is bounded already
+            bound_transaction(cursor)
+        applied = run_steps(outcome_steps(outcomes, now, guarded=guarded), cursor)
+        # Endpoint health counts these calls in the same transaction (delivery/health.py). Outcomes
+        # settled inside their claim (unguarded) come from inline providers, which have no endpoint:
+        # counting them would only make two claimers' transactions wait on one bucket row.
+        if guarded:
+            health.record(cursor, applied, now)
+    return applied
+
+
+def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> Steps[list[Outcome]]:
+    """The statements that write outcomes and their events (delivery.statements); returns those applied.
+
+    ``guarded``: only where the row's claim token is still the outcome's.
+    """
     at = now.isoformat()
     sent_status, failed_status = NotificationEntity.Status.SENT.value, NotificationEntity.Status.FAILED.value
     rows: list[dict[str, Any]] = []
@@ -163,52 +181,38 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
                 },
             }
         )
-    with connection.cursor() as cursor:
-        if guarded:  # the claim's own transaction (unguarded) is bounded already
-            bound_transaction(cursor)
-        cursor.execute(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
-        applied_rows = {row[0]: row for row in cursor.fetchall()}
-        applied = [o for o in outcomes if o.record.id in applied_rows]
-        # A permanent reply naming the mailbox as gone puts its address on the suppression list, with
-        # the outcome (rare: nothing is asked of the database when no outcome says so).
-        suppress_gone_mailboxes(applied, now)
-        with_events = [o for o in applied if o.emits_event]
-        if with_events:
-            event_rows: list[dict[str, Any]] = []
-            for o in with_events:
-                _, tenant, attempts, requeue_count, channel_key = applied_rows[o.record.id]
-                event_rows.append(
-                    {
-                        "key": str(o.record.id),
-                        "generation": requeue_count,
-                        "payload": events.dispatched_payload(
-                            notification_id=o.record.id,
-                            tenant_id=tenant,
-                            channel=channel_key,
-                            status=events.SENT if o.result == SENT else events.FAILED,
-                            attempts=attempts,
-                            provider_message_id=o.provider_message_id,
-                            error=(o.error or None) if o.result != SENT else None,
-                            error_kind=o.error_kind if o.result != SENT else None,
-                            occurred_at=now,
-                            delivered_by=o.delivered_by if o.result == SENT else None,
-                        ),
-                    }
-                )
-            cursor.execute(
-                _OUTBOX_INSERT,
+    written = yield Statement(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
+    applied_rows = {row[0]: row for row in written}
+    applied = [o for o in outcomes if o.record.id in applied_rows]
+    # A permanent reply naming the mailbox as gone puts its address on the suppression list, with
+    # the outcome (rare: nothing is asked of the database when no outcome says so). Its writes go
+    # through Django's connection: only outcomes of a provider call say so, never a claim's own.
+    suppress_gone_mailboxes(applied, now)
+    with_events = [o for o in applied if o.emits_event]
+    if with_events:
+        event_rows: list[dict[str, Any]] = []
+        for o in with_events:
+            _, tenant, attempts, requeue_count, channel_key = applied_rows[o.record.id]
+            event_rows.append(
                 {
-                    "topic": DISPATCHED_TOPIC,
-                    "version": CONTRACT_VERSION,
-                    "now": now,
-                    "rows": json.dumps(event_rows),
-                },
+                    "key": str(o.record.id),
+                    "generation": requeue_count,
+                    "payload": events.dispatched_payload(
+                        notification_id=o.record.id,
+                        tenant_id=tenant,
+                        channel=channel_key,
+                        status=events.SENT if o.result == SENT else events.FAILED,
+                        attempts=attempts,
+                        provider_message_id=o.provider_message_id,
+                        error=(o.error or None) if o.result != SENT else None,
+                        error_kind=o.error_kind if o.result != SENT else None,
+                        occurred_at=now,
+                        delivered_by=o.delivered_by if o.result == SENT else None,
+                    ),
+                }
             )
-        # Endpoint health counts these calls in the same transaction (delivery/health.py). Outcomes
-        # settled inside their claim (unguarded) come from inline providers, which have no endpoint:
-        # counting them would only make two claimers' transactions wait on one bucket row.
-        if guarded:
-            health.record(cursor, applied, now)
+        topic = {"topic": DISPATCHED_TOPIC, "version": CONTRACT_VERSION}
+        yield Statement(_OUTBOX_INSERT, {**topic, "now": now, "rows": json.dumps(event_rows)}, rows=False)
     return applied
 
 

@@ -49,8 +49,16 @@ _BOUND = (
 
 def bound_transaction(cursor: Any) -> None:
     """Let the server end the current transaction if it idles or a statement runs past the bound."""
-    ms = f"{int(get_settings().TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"
-    cursor.execute(_BOUND, {"ms": ms})
+    cursor.execute(_BOUND, bound_params())
+
+
+#: The statement that bounds a transaction (:func:`bound_transaction`), for the asynchronous driver.
+BOUND_SQL = _BOUND
+
+
+def bound_params() -> dict[str, str]:
+    """The parameters of :data:`BOUND_SQL`: the bound, from ``TRANSACTION_TIMEOUT_SECONDS``."""
+    return {"ms": f"{int(get_settings().TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"}
 
 
 def drop_broken_connection() -> None:

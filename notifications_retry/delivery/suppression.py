@@ -24,6 +24,7 @@ from django.db.models import QuerySet
 
 from notifications_retry.addresses import normalize_recipient
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.statements import Statement, Steps, run_steps
 from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
 from notifications_retry.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
 
@@ -57,6 +58,13 @@ def suppressed_in_batch(
     ``recipients`` holds (notification id, channel key, recipient). A recipient that is not a string
     (the claim settles such a row otherwise) is never suppressed.
     """
+    return run_steps(suppressed_steps(recipients, now), cursor)
+
+
+def suppressed_steps(
+    recipients: Sequence[tuple[uuid.UUID, str, Any]], now: datetime
+) -> Steps[dict[uuid.UUID, str]]:
+    """:func:`suppressed_in_batch` as statements (delivery.statements), for either driver."""
     wanted: dict[uuid.UUID, tuple[str, str]] = {}
     for nid, channel_key, recipient in recipients:
         if isinstance(recipient, str) and recipient:
@@ -64,10 +72,8 @@ def suppressed_in_batch(
     if not wanted:
         return {}
     addresses = sorted({address for address, _ in wanted.values()})
-    cursor.execute(_LOOKUP, {"addresses": json.dumps(addresses), "now": now})
-    found: dict[tuple[str, str], str] = {
-        (address, channel): reason for address, channel, reason in cursor.fetchall()
-    }
+    rows = yield Statement(_LOOKUP, {"addresses": json.dumps(addresses), "now": now})
+    found: dict[tuple[str, str], str] = {(address, channel): reason for address, channel, reason in rows}
     if not found:
         return {}
     suppressed: dict[uuid.UUID, str] = {}

@@ -4,13 +4,13 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 
 - ``.worker``: the loop of ticks under the cycle's advisory lock, the wait between ticks, a graceful
   stop, the heartbeat and the tick's bookkeeping.
-- ``.dispatcher``: one tick's scheduling loop: claim what can start soon, start sends, hand finished
-  calls and the records their channels can no longer send on.
+- ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
+  start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
+  the records their channels can no longer send on.
 - ``.claiming``: the tick's claims (a second one beside it on a backlog of inline rows) and taking in
   what each claim returned.
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel.
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
-- ``.commit_thread``: the completer on a thread and a connection of its own.
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
 - ``.feedback``: what an outcome tells its channel's flow control (a throttle pauses it, failures
   open its circuit).

@@ -12,30 +12,112 @@ the reporter need no lock.
 
 A claim that comes back short beside another may only have met the other's locked rows, so it never
 marks a channel exhausted: claims go back to one at a time, and a short claim alone does.
+
+A claim of asynchronous channels alone runs on the :class:`ClaimConnection`, an asynchronous psycopg
+connection the send loop awaits it on: the calls in flight go on while the server claims, on the
+worker's own thread. It is opened with the options of Django's connection to the same alias (TCP
+keepalives, no prepared statements, so a PgBouncer in transaction mode serves it as it serves Django)
+at the first such claim of a tick, and closed when the tick ends. A claim that fails there is redone
+on Django's connection (``claim-fallback``), whose fallbacks tell a poison row from an outage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
 
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions
+from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions, claim_due_async
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
+from notifications_retry.exception_chain import first_line
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import ClaimedRecord, Outcome
 
 #: Delivers an inline channel's claimed record now (its outcome), or None to lease it; deferred
 #: records' outcomes go to the list. Called with the settle lock held.
 SettleOne = Callable[[ChannelRuntime, ClaimedRecord, list[Outcome]], Outcome | None]
+
+
+class ClaimConnection:
+    """Claims awaited on the worker's send loop, on an ``AsyncConnection`` of their own."""
+
+    def __init__(self, loop: SteppedLoop, *, alias: str = DEFAULT_DB_ALIAS) -> None:
+        self.loop = loop
+        self.alias = alias
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    def claim(
+        self,
+        now: Any,
+        plan: Sequence[ChannelClaim],
+        *,
+        total: int,
+        budgets: Mapping[int, tuple[int, str]],
+        attempts_by_type: Mapping[str, int] | None,
+        priorities: Sequence[int] | None,
+        skip: Collection[Any],
+        max_payload_bytes: int,
+        partitions: Partitions | None = None,
+    ) -> ClaimBatch:
+        """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors."""
+        params = None if self.open else self._params()  # read outside the loop: Django is synchronous
+        return self.loop.run(
+            self._claim(
+                params,
+                now,
+                plan,
+                total=total,
+                budgets=budgets,
+                attempts_by_type=attempts_by_type,
+                priorities=priorities,
+                skip=skip,
+                max_payload_bytes=max_payload_bytes,
+                partitions=partitions,
+            )
+        )
+
+    async def _claim(self, params: dict[str, Any] | None, *args: Any, **kwargs: Any) -> ClaimBatch:
+        if params is not None or self._conn is None:
+            self._conn = await psycopg.AsyncConnection.connect(**(params or self._params()))
+        try:
+            return await claim_due_async(self._conn, *args, **kwargs)
+        except psycopg.Error:
+            await self._close()  # the next claim starts on a new connection
+            raise
+
+    def _params(self) -> dict[str, Any]:
+        params = dict(connections[self.alias].get_connection_params())
+        # Django's cursor class is a synchronous one; the client-side binding is the same.
+        params["cursor_factory"] = psycopg.AsyncClientCursor
+        params["autocommit"] = True  # each claim is one explicit transaction
+        return params
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            await conn.close()
+
+    def close(self) -> None:
+        """Close the connection (the end of a tick)."""
+        if self._conn is not None:
+            self.loop.run(self._close())
 
 
 @dataclasses.dataclass
@@ -57,18 +139,19 @@ class Claims:
         now: Callable[[], datetime],
         reporter: OutcomeReporter,
         completer: Commits,
-        queue_lock: threading.Lock,
         settle_one: SettleOne,
         lane_priorities: list[int] | None,
         claim_thread: ClaimThread | None = None,
+        claim_connection: ClaimConnection | None = None,
         db: TickDatabase = POSTGRES,
     ) -> None:
         self.conf = conf
+        #: Where claims of asynchronous channels alone are awaited by the send loop (None: on ``db``).
+        self.claim_connection = claim_connection
         self.db = db
         self.now = now
         self.reporter = reporter
         self.completer = completer
-        self.queue_lock = queue_lock
         self.settle_one = settle_one
         self.lane_priorities = lane_priorities
         self.claim_thread = claim_thread
@@ -137,6 +220,9 @@ class Claims:
         finally:
             if self.claim_thread is not None:
                 self.claim_thread.close()
+            if self.claim_connection is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self.claim_connection.close()
 
     def _claim_rows(
         self,
@@ -150,6 +236,23 @@ class Claims:
         runtimes = self.runtimes
         budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
         pending: list[Outcome] = []
+        if self.claim_connection is not None and not any(runtimes[p.channel_id].inline for p in plan):
+            try:
+                batch = self.claim_connection.claim(
+                    self.now(),
+                    plan,
+                    total=total,
+                    budgets=budgets,
+                    attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
+                    priorities=self.lane_priorities,
+                    skip=skip,
+                    max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
+                    partitions=self.partitions,
+                )
+                return batch, pending
+            except psycopg.Error as exc:
+                # Redone on Django's connection, whose fallbacks tell a poison row from an outage.
+                bound.warning("claim-fallback", fallback="django-connection", error=first_line(exc))
 
         def settle(record: ClaimedRecord) -> Outcome | None:
             # Providers without I/O deliver inside the claim: one row write instead of lease + finalize.
@@ -187,7 +290,7 @@ class Claims:
         """Queue, count and report what a claim returned (on the worker's thread)."""
         runtimes, stats = self.runtimes, self.stats
         got: dict[int, int] = {}
-        with self.queue_lock:
+        with self.settle_lock:  # an inline channel's queue is read by the other claim's settling
             for record in batch.records:
                 runtimes[record.channel_id].queue.append(record)
                 got[record.channel_id] = got.get(record.channel_id, 0) + 1

@@ -1,19 +1,21 @@
 """The dispatcher: one tick's scheduling loop — claim what can start soon, start sends, hand outcomes on.
 
-Two threads share the work. The worker's thread (this loop) claims (engine.claiming: with a second
-claimer beside it when inline channels have a backlog), runs inline providers, and hands outcomes to
-the :class:`~.completer.Completer`; the send loop's thread runs the provider calls. A finished call
-feeds its channel's flow control and starts the channel's next queued record itself, under one lock,
-so a slot never waits for the worker's thread while that thread claims or commits. Records a channel
-can no longer send (its circuit opened, the provider asked it to wait) are handed back to the
-worker's thread, which gives them back (their attempt with them; after a throttle, due again when
-the pause ends) — unless the channel has a fallback that can take them (engine.failover).
+One thread owns the tick: the worker's. It claims (engine.claiming), runs inline providers, and hands
+outcomes to the completer (engine.completer commits them on a thread and connection of its own). The calls
+of the other providers are tasks of the worker's send loop (``asyncio_bridge.SteppedLoop``), which
+this same thread runs whenever it waits: for a finished call, for a rate slot, for the completer. A
+finished call feeds its channel's flow control and starts the channel's next queued record itself,
+within that step, so a slot does not wait for the next pass of the loop; its outcome is handed over
+in :attr:`Dispatcher.done`. A channel's state (capacity, rate limiter, circuit) is thus changed on
+one thread only. The one lock left, :attr:`Dispatcher.settle_lock`, guards the inline channels,
+whose records a second claim settles on the claim thread (engine.claim_thread). Records a channel
+can no longer send (its circuit opened, the provider asked it to wait) are given back (their attempt
+with them; after a throttle, due again when the pause ends) — unless the channel has a fallback that
+can take them (engine.failover).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,12 +23,12 @@ from typing import Any
 
 import structlog
 
-from notifications_retry.asyncio_bridge import LoopThread
+from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import ChannelClaim, Partitions
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
-from notifications_retry.engine.claiming import Claims
+from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
@@ -41,8 +43,8 @@ from notifications_retry.outcomes import ClaimedRecord, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
 
-#: After the first finished call, wait this long for more before collecting: waking the worker's
-#: thread once per finished call cost a GIL hand-off per call and delayed the send loop.
+#: After the first finished call, let the send loop run this long for more before collecting: a
+#: pass of the dispatcher per finished call would leave the loop standing still between passes.
 COLLECT_DELAY_SECONDS = 0.002
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
@@ -69,11 +71,12 @@ class Dispatcher:
         executor: Executor,
         completer: Commits,
         reporter: OutcomeReporter,
-        send_loop: Callable[[], LoopThread],
+        send_loop: Callable[[], SteppedLoop],
         monotonic: Callable[[], float],
         stopping: Callable[[], bool],
         lane_priorities: list[int] | None,
         claim_thread: ClaimThread | None = None,
+        claim_connection: ClaimConnection | None = None,
         db: TickDatabase = POSTGRES,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -88,28 +91,29 @@ class Dispatcher:
         self.monotonic = monotonic
         self.stopping = stopping
         self.lane_priorities = lane_priorities
-        self.lock = threading.Lock()
         self.running = 0  # calls started and not yet handed back through ``done``
-        self.done: queue.SimpleQueue[Finished] = queue.SimpleQueue()
+        #: Calls that ended since the last :meth:`collect`, appended by their tasks on this thread.
+        self.done: list[Finished] = []
         #: Set when the tick stopped waiting for calls that outlived every bound.
         self.abandoned = False
         #: Whether the tick still owns the cycle: asked before every new provider call.
         self.ownership: Ownership | None = None
         self.feedback = FlowFeedback(conf, monotonic, None)
-        self.failover = Failover(executor, self.feedback, self.lock, monotonic)
         self.claims = Claims(
             conf=conf,
             now=lambda: self.executor.clock.now(),  # the executor's clock, as the tick sets it
             reporter=reporter,
             completer=completer,
-            queue_lock=self.lock,
             settle_one=self._settle_one,
             lane_priorities=lane_priorities,
             claim_thread=claim_thread,
+            claim_connection=claim_connection,
             db=db,
         )
         #: Held while inline channels' state is read or changed: two claims may settle at once.
         self.settle_lock = self.claims.settle_lock
+        # A fallback may be an inline channel: its state is changed under the settle lock.
+        self.failover = Failover(executor, self.feedback, self.settle_lock, monotonic)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -196,10 +200,9 @@ class Dispatcher:
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
             pacing = any(rt.queue and rt.limiter.limited for rt in runtimes.values())
             self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
-            with self.lock:
-                queued = any(rt.queue for rt in runtimes.values())
-                idle = not self.running and self.done.empty() and not queued and not claims.running
-                calls = bool(self.running)
+            queued = any(rt.queue for rt in runtimes.values())
+            idle = not self.running and not self.done and not queued and not claims.running
+            calls = bool(self.running)
             if completer.due(flush=idle or not claiming):
                 completer.commit(bound)
             if idle:
@@ -253,7 +256,7 @@ class Dispatcher:
 
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
-        with self.lock:
+        with self.settle_lock:
             queued = [record for rt in runtimes.values() for record in take_queue(rt)]
         bound.info("records-released", count=self.db.release(queued), reason=reason)
 
@@ -273,8 +276,7 @@ class Dispatcher:
                     # Paused, or its circuit opened while a claim leased the rest of its rows: nothing
                     # starts them this tick (an exhausted channel's circuit is not looked at again).
                     if rt.queue and _cannot_send(rt, self.monotonic()):
-                        with self.lock:
-                            held = take_queue(rt)
+                        held = take_queue(rt)
                 self.completer.add(outcomes)
                 if held and self.monotonic() < rt.paused_until:
                     self._hold_back(rt, held)  # their next attempt waits for the whole pause
@@ -284,19 +286,19 @@ class Dispatcher:
             started: list[ClaimedRecord] = []
             rerouted: list[Rerouted] = []
             given_back: list[ClaimedRecord] = []
-            with self.lock:
-                if rt.fallback is not None and rt.queue:
+            if rt.fallback is not None and rt.queue:
+                with self.settle_lock:  # the fallback may be an inline channel
                     rerouted, given_back = self.failover.reroute(rt)
-                    self.running += len(rerouted)
-                elif rt.queue and _cannot_send(rt, self.monotonic()):
-                    # Claimed by a claim that was already running when the circuit opened (or the
-                    # provider asked to wait): nothing would ever start them this tick.
-                    given_back = take_queue(rt)
-                while rt.queue and rt.can_start(self.monotonic()):
-                    started.append(rt.queue.popleft())
-                    rt.begin(self.monotonic())
-                    rt.inflight += 1
-                    self.running += 1
+                self.running += len(rerouted)
+            elif rt.queue and _cannot_send(rt, self.monotonic()):
+                # Claimed by a claim that was already running when the circuit opened (or the
+                # provider asked to wait): nothing would ever start them this tick.
+                given_back = take_queue(rt)
+            while rt.queue and rt.can_start(self.monotonic()):
+                started.append(rt.queue.popleft())
+                rt.begin(self.monotonic())
+                rt.inflight += 1
+                self.running += 1
             if started:
                 self.send_loop().spawn(self._slot(rt, record) for record in started)
             if rerouted:
@@ -305,17 +307,15 @@ class Dispatcher:
                 self._give_back(rt, given_back)
 
     def _send_inline(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome:
-        """Send on this thread (an inline provider); its outcome and any records it defers go to ``out``."""
+        """Send on this thread (an inline provider; the caller holds the settle lock); its outcome and
+        any records it defers go to ``out``."""
         rt.begin(self.monotonic())
         outcome = self.executor.send(rt, record)
-        with self.lock:
-            at = self.monotonic()
-            returned = self.feedback.account(rt, outcome, at)
+        returned = self.feedback.account(rt, outcome, self.monotonic())
         out.append(outcome)
         if returned and throttles(outcome):
             # Back in line: given back by _start, on the worker's thread and outside any claim.
-            with self.lock:
-                rt.queue.extendleft(reversed(returned))
+            rt.queue.extendleft(reversed(returned))
         elif returned:
             log.info(
                 "records-released",
@@ -339,9 +339,8 @@ class Dispatcher:
     async def _rerouted(self, rt: ChannelRuntime, item: Rerouted) -> None:
         """A record sent straight through its channel's fallback (the channel must not be called now)."""
         outcome, returned = await self.failover.send(rt, item.fallback, item.record, item.why)
-        with self.lock:
-            self.running -= 1
-            self.done.put(Finished(outcome, [returned]))
+        self.running -= 1
+        self._hand_over(Finished(outcome, [returned]))
 
     async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
         """One concurrency slot of a channel: send, then keep it busy with the channel's next record."""
@@ -350,32 +349,36 @@ class Dispatcher:
             returns: list[Returned] = []
             if rt.fallback is not None and eligible(outcome):
                 # The primary's answer feeds the primary's flow control, whatever the fallback does.
-                with self.lock:
-                    at = self.monotonic()
-                    returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
+                at = self.monotonic()
+                returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
+                with self.settle_lock:  # the fallback may be an inline channel
                     fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
                 if fallback is not None:
                     outcome, returned = await self.failover.send(rt, fallback, record, outcome)
                     returns.append(returned)
-            with self.lock:
-                at = self.monotonic()
-                if not returns:
-                    returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
-                self.running -= 1
-                self.done.put(Finished(outcome, returns))
-                # This call no longer counts against the channel's concurrency: at full concurrency
-                # the next record would otherwise wait for the worker's thread to start it.
-                rt.inflight -= 1
-                if rt.queue and rt.can_start(self.monotonic()) and self._may_send():
-                    record = rt.queue.popleft()
-                    rt.begin(self.monotonic())
-                    rt.inflight += 1
-                    self.running += 1
-                    continue
-                return
+            at = self.monotonic()
+            if not returns:
+                returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
+            self.running -= 1
+            self._hand_over(Finished(outcome, returns))
+            # This call no longer counts against the channel's concurrency: at full concurrency the
+            # next record would otherwise wait for the dispatcher's next pass to start it.
+            rt.inflight -= 1
+            if rt.queue and rt.can_start(self.monotonic()) and self._may_send():
+                record = rt.queue.popleft()
+                rt.begin(self.monotonic())
+                rt.inflight += 1
+                self.running += 1
+                continue
+            return
+
+    def _hand_over(self, finished: Finished) -> None:
+        """A call ended: its outcome waits in :attr:`done`, and the dispatcher's wait ends."""
+        self.done.append(finished)
+        self.send_loop().signal()
 
     def _account(self, rt: ChannelRuntime, outcome: Outcome, at: float) -> list[ClaimedRecord]:
-        """Flow-control feedback that never loses an outcome or a slot's count (the caller holds the lock)."""
+        """Flow-control feedback that never loses an outcome or a slot's count."""
         try:
             return self.feedback.account(rt, outcome, at)
         except Exception as exc:
@@ -383,19 +386,14 @@ class Dispatcher:
             return []
 
     def collect(self, timeout: float, batch_delay: float, bound: Any) -> None:
-        """Hand finished calls to the completer, waiting up to ``timeout`` for the first one."""
-        try:
-            first = self.done.get(timeout=timeout) if timeout > 0 else self.done.get_nowait()
-        except queue.Empty:
+        """Hand finished calls to the completer, running the send loop up to ``timeout`` for the first one."""
+        if not self.done and timeout > 0:
+            self.send_loop().wait(timeout)
+            if self.done and batch_delay > 0:
+                self.send_loop().pause(batch_delay)
+        if not self.done:
             return
-        if timeout > 0 and batch_delay > 0:
-            self.sleep(batch_delay)
-        finished = [first]
-        while True:
-            try:
-                finished.append(self.done.get_nowait())
-            except queue.Empty:
-                break
+        finished, self.done = self.done, []
         outcomes: list[Outcome] = []
         give_back: list[ClaimedRecord] = []
         held: list[Returned] = []

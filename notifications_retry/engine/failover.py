@@ -72,7 +72,8 @@ def not_called(rt: ChannelRuntime, now_mono: float) -> Failure:
 
 
 class Failover:
-    """Sends attempts through fallback channels; state-changing steps run under the dispatcher's lock."""
+    """Sends attempts through fallback channels, on the worker's thread; a fallback's state is changed
+    under the dispatcher's settle lock (an inline fallback's records are also settled by a claim)."""
 
     def __init__(
         self,
@@ -89,7 +90,7 @@ class Failover:
     def reserve(self, rt: ChannelRuntime, now_mono: float) -> ChannelRuntime | None:
         """``rt``'s fallback with a call slot taken on it, or None when it cannot take one now.
 
-        Call under the dispatcher's lock; a reserved slot is given back by :meth:`send`.
+        Call under the dispatcher's settle lock; a reserved slot is given back by :meth:`send`.
         """
         fallback = rt.fallback
         if fallback is None or not fallback.can_take_failover(now_mono):
@@ -99,7 +100,7 @@ class Failover:
         return fallback
 
     def reroute(self, rt: ChannelRuntime) -> tuple[list[Rerouted], list[ClaimedRecord]]:
-        """Under the dispatcher's lock: the queued records of a bypassed ``rt`` its fallback takes now,
+        """Under the dispatcher's settle lock: the queued records of a bypassed ``rt`` its fallback takes now,
         and those to give back because the fallback cannot take any (its circuit open, paused).
 
         Records the fallback is merely too busy for stay queued for its next free slot.

@@ -14,8 +14,8 @@ from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
 class FlowFeedback:
     """What an outcome tells its channel's flow control: throttling pauses it, failures may open its circuit.
 
-    Called under the dispatcher's lock from either thread; returns the queued records the channel
-    must not send now (they are given back or rescheduled by the worker's thread).
+    Called on the worker's thread (an inline channel's outcome under the dispatcher's settle lock);
+    returns the queued records the channel must not send now (they are given back or rescheduled).
     """
 
     def __init__(self, conf: RetrySettings, monotonic: Callable[[], float], bound: Any) -> None:
@@ -56,7 +56,7 @@ def throttles(outcome: Outcome) -> bool:
 
 
 def take_queue(rt: ChannelRuntime) -> list[ClaimedRecord]:
-    """Empty a channel's queue of claimed, unstarted records and return them (the caller holds the lock)."""
+    """Empty a channel's queue of claimed, unstarted records and return them."""
     taken = list(rt.queue)
     rt.queue.clear()
     return taken

@@ -27,15 +27,15 @@ import structlog
 from django.db import DatabaseError, InterfaceError, connection, transaction
 
 from notifications_retry import signals
-from notifications_retry.asyncio_bridge import LoopThread
+from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_transaction, drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.claim_thread import ClaimThread
-from notifications_retry.engine.commit_thread import ThreadedCompleter
-from notifications_retry.engine.completer import Commits, Completer
+from notifications_retry.engine.claiming import ClaimConnection
+from notifications_retry.engine.completer import Commits, Completer, ThreadedCompleter
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
@@ -140,7 +140,8 @@ class Worker:
             monotonic=monotonic,
             stopping=self._stop.is_set,
         )
-        self._send_loop: LoopThread | None = None
+        #: The loop the sends run on, run by this worker's own thread whenever the tick waits.
+        self._send_loop = SteppedLoop()
         self._keys: dict[int, str] = {}
         self.reporter = OutcomeReporter(self._keys)
         self.executor = Executor(
@@ -170,6 +171,7 @@ class Worker:
             stopping=self._stop.is_set,
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
             claim_thread=ClaimThread() if conf.CLAIM_THREAD and beside else None,
+            claim_connection=ClaimConnection(self._send_loop) if beside else None,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -281,9 +283,7 @@ class Worker:
         self.lock.close()
         self.completer.close()
         self.channels.close()
-        if self._send_loop is not None:
-            self._send_loop.stop()
-            self._send_loop = None
+        self._send_loop.close()
         self.executor.close()
 
     # -- one tick ------------------------------------------------------------------------------
@@ -409,10 +409,8 @@ class Worker:
         metrics.LOCK_HELD.labels(self.lane).set(0)
         self._commit_waiting(bound)
 
-    def _loop(self) -> LoopThread:
+    def _loop(self) -> SteppedLoop:
         """The loop the sends run on: every call in flight waits there, a coroutine each, not a thread."""
-        if self._send_loop is None:
-            self._send_loop = LoopThread("notifications-retry-send-loop")
         return self._send_loop
 
     # -- bookkeeping ---------------------------------------------------------------------------

@@ -243,6 +243,12 @@ class HttpClient:
                 future.result(timeout=2.0)
             except Exception:  # a stuck or closing loop keeps its sockets: nothing more to do here
                 future.cancel()
+        else:
+            # A loop its owner runs in steps (the worker's send loop), between two of them: the close
+            # runs at its next step, or when the owner closes the loop.
+            task = loop.create_task(self._close_when_idle(state))
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
 
     def close(self) -> None:
         """Close the connections; a request in flight keeps its own until it ends. Any thread."""

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, connections
 
 from notifications_retry.delivery import ChannelClaim, claim_due
-from notifications_retry.delivery import claim as claim_module
+from notifications_retry.delivery import claim_statements as claim_module
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, due_notifications

@@ -8,8 +8,7 @@ import threading
 import pytest
 from django.db import connection
 
-from notifications_retry.engine.commit_thread import ThreadedCompleter
-from notifications_retry.engine.completer import Completer
+from notifications_retry.engine.completer import Completer, ThreadedCompleter
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory, due_notifications

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from notifications_retry.delivery import ChannelClaim, claim_due, claim_query
-from notifications_retry.delivery.claim import ring_start
+from notifications_retry.delivery.claim_statements import ring_start
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
 

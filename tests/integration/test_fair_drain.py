@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from notifications_retry.engine import ports
+from notifications_retry.engine import claiming, ports
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
@@ -50,12 +50,11 @@ def test_a_small_tenants_rows_are_claimed_within_a_claim_of_falling_due_while_a_
     )
     worker = Worker(batch_size=A_ROWS + B_ROWS, max_duration=60, clock=clock)
     claims: list[tuple[object, list]] = []
-    real_claim = ports.claim_due
+    real_claim, real_async_claim = ports.claim_due, claiming.claim_due_async
 
-    def watched(now, plan, **kwargs):
+    def note(now, batch):
         # The real claim, recorded: when it ran and what it leased. After the third, B's rows fall due
         # (the worker's clock moves past their time); after the sixth the worker is asked to stop.
-        batch = real_claim(now, plan, **kwargs)
         claims.append((now, batch.records))
         if len(claims) == 3:
             clock.set(b_due)
@@ -63,7 +62,15 @@ def test_a_small_tenants_rows_are_claimed_within_a_claim_of_falling_due_while_a_
             worker.stop()
         return batch
 
+    def watched(now, plan, **kwargs):
+        return note(now, real_claim(now, plan, **kwargs))
+
+    async def watched_async(conn, now, plan, **kwargs):
+        # The webhook channel's claims run on the worker's asynchronous claim connection.
+        return note(now, await real_async_claim(conn, now, plan, **kwargs))
+
     monkeypatch.setattr(ports, "claim_due", watched)
+    monkeypatch.setattr(claiming, "claim_due_async", watched_async)
     try:
         worker.run(once=True)
     finally:

@@ -34,7 +34,6 @@ WALK = [
     "providers/webhook.py",
     "engine/dispatcher.py",
     "engine/feedback.py",
-    "engine/commit_thread.py",
     "engine/completer.py",
     "delivery/finalize.py",
 ]

@@ -10,8 +10,7 @@ import structlog
 
 from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport
-from notifications_retry.engine.commit_thread import ThreadedCompleter
-from notifications_retry.engine.completer import Completer
+from notifications_retry.engine.completer import Completer, ThreadedCompleter
 from notifications_retry.outcomes import Outcome
 from tests.unit.test_completer import outcome
 
@@ -161,7 +160,7 @@ def test_closed_it_starts_again_with_the_next_outcome():
 
 
 def test_an_idle_thread_ends_and_the_next_outcome_starts_another(monkeypatch):
-    from notifications_retry.engine import commit_thread
+    from notifications_retry.engine import completer as commit_thread
 
     monkeypatch.setattr(commit_thread, "IDLE_EXIT_SECONDS", 0.05)
     monkeypatch.setattr(commit_thread, "IDLE_WAKE_SECONDS", 0.01)

@@ -136,9 +136,10 @@ class _Executor:
 
 
 def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
-    import asyncio
-
+    from notifications_retry.asyncio_bridge import SteppedLoop
     from notifications_retry.engine.dispatcher import Dispatcher
+
+    loop = SteppedLoop()
 
     executor = _Executor()
     dispatcher = Dispatcher(
@@ -146,7 +147,7 @@ def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
         executor=executor,  # type: ignore[arg-type]
         completer=None,  # type: ignore[arg-type]
         reporter=None,  # type: ignore[arg-type]
-        send_loop=None,  # type: ignore[arg-type]
+        send_loop=lambda: loop,
         monotonic=lambda: 0.0,
         stopping=lambda: False,
         lane_priorities=None,
@@ -157,19 +158,21 @@ def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
     first, *queued = [record() for _ in range(4)]
     rt.queue.extend(queued)
     rt.inflight, dispatcher.running = 1, 1  # as the worker's thread starts a slot
-    asyncio.run(dispatcher._slot(rt, first))
+    loop.run(dispatcher._slot(rt, first))
+    loop.close()
     assert [r.id for r in executor.sent] == [first.id, *(r.id for r in queued)], (
         "the slot itself kept the channel busy, without waiting for the worker's thread"
     )
     assert rt.inflight == 0 and dispatcher.running == 0 and not rt.queue
-    assert dispatcher.done.qsize() == 4
+    assert len(dispatcher.done) == 4
 
 
 def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     # A process resumed after a freeze: the lock was last seen held long ago (the standby has it now).
-    import asyncio
-
+    from notifications_retry.asyncio_bridge import SteppedLoop
     from notifications_retry.engine.dispatcher import Dispatcher
+
+    loop = SteppedLoop()
 
     now = [0.0]
     executor = _Executor()
@@ -178,7 +181,7 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
         executor=executor,  # type: ignore[arg-type]
         completer=None,  # type: ignore[arg-type]
         reporter=None,  # type: ignore[arg-type]
-        send_loop=None,  # type: ignore[arg-type]
+        send_loop=lambda: loop,
         monotonic=lambda: now[0],
         stopping=lambda: False,
         lane_priorities=None,
@@ -190,6 +193,7 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     first, *queued = [record() for _ in range(3)]
     rt.queue.extend(queued)
     rt.inflight, dispatcher.running = 1, 1
-    asyncio.run(dispatcher._slot(rt, first))
+    loop.run(dispatcher._slot(rt, first))
+    loop.close()
     assert [r.id for r in executor.sent] == [first.id], "the answer is handed on, nothing new starts"
-    assert list(rt.queue) == queued and dispatcher.done.qsize() == 1
+    assert list(rt.queue) == queued and len(dispatcher.done) == 1
