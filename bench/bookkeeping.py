@@ -23,13 +23,14 @@ def _drain(cid: int, rows: int, batch_size: int, window: float) -> float:
     """Rows/s of ticks of ``batch_size`` rows until ``rows`` due rows are sent, with ``window``."""
     from django.db import connection
 
+    import notifications_retry.engine.bookkeeping as bookkeeping_module
     import notifications_retry.engine.worker as worker_module
 
     reset_rows()
     add_rows([cid], rows)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE notifications_retry_notificationentity")
-    shipped, worker_module.BOOKKEEPING_SECONDS = worker_module.BOOKKEEPING_SECONDS, window
+    shipped, bookkeeping_module.BOOKKEEPING_SECONDS = bookkeeping_module.BOOKKEEPING_SECONDS, window
     try:
         worker = worker_module.Worker(batch_size=batch_size)
         started = time.perf_counter()
@@ -38,7 +39,7 @@ def _drain(cid: int, rows: int, batch_size: int, window: float) -> float:
         seconds = time.perf_counter() - started
         worker.close()
     finally:
-        worker_module.BOOKKEEPING_SECONDS = shipped
+        bookkeeping_module.BOOKKEEPING_SECONDS = shipped
     return rows / seconds
 
 
@@ -49,12 +50,12 @@ def _measure(args: argparse.Namespace) -> int:
     )
     recreate_database()
     setup_django()
-    import notifications_retry.engine.worker as worker_module
+    import notifications_retry.engine.bookkeeping as bookkeeping_module
     from bench.settings import configure_logging
 
     configure_logging("native")
     cid = channel("app", "stub")
-    window = worker_module.BOOKKEEPING_SECONDS
+    window = bookkeeping_module.BOOKKEEPING_SECONDS
     rates: dict[float, list[float]] = {window: [], 0.0: []}
     for _ in range(args.rounds):
         for each in (0.0, window):

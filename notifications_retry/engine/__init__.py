@@ -3,7 +3,9 @@
 Its modules, from the top of its import layers (pyproject.toml, "engine's layers") down:
 
 - ``.worker``: the loop of ticks under the cycle's advisory lock, the wait between ticks, a graceful
-  stop, the heartbeat and the tick's bookkeeping.
+  stop and the heartbeat file.
+- ``.bookkeeping``: after a tick, the lane's heartbeat row, the backlog's gauges and sample (at most
+  every 10 s), and ``cycle-completed``.
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
   start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
   the records their channels can no longer send on.

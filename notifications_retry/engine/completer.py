@@ -221,6 +221,30 @@ class Completer:
         """No thread to stop."""
 
 
+def commit_in_hand(
+    completer: Commits,
+    bound: Any,
+    *,
+    give_up: Callable[[], bool],
+    drop_expired: Callable[[], bool],
+    sleep: Callable[[float], None],
+) -> None:
+    """Commit every outcome in hand; while the database is unreachable, retry with backoff, until
+    ``give_up`` says so (a stop's grace ran out). While ``drop_expired`` says so (``--once``, a
+    stopping worker), what its lease no longer covers is dropped, so that the process can exit."""
+    while completer.pending:
+        if give_up():
+            bound.error("outcomes-abandoned", count=completer.pending, reason="stop requested")
+            return
+        if completer.due(flush=True):
+            completer.commit(bound)
+            continue
+        if drop_expired():
+            completer.drop_expired(bound)
+        completer.wait(min(completer.wait_hint(), 0.25), sleep)
+    completer.deliver()
+
+
 #: The longest the commit thread sleeps without looking at its state again (a backstop: every
 #: change it waits for also wakes it).
 IDLE_WAKE_SECONDS = 1.0

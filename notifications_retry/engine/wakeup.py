@@ -29,8 +29,10 @@ import psycopg
 
 from notifications_retry.clock import Clock
 from notifications_retry.delivery import wakeup
+from notifications_retry.engine.partitions import RETRY_SECONDS, PartitionLock
 from notifications_retry.engine.reporting import TickStats
 from notifications_retry.locks import AdvisoryLock
+from notifications_retry.observability.heartbeat_file import BEAT_SECONDS
 
 #: The fallback poll: the longest a worker waits without asking the database when its next row is due.
 POLL_SECONDS = 2.0
@@ -106,6 +108,35 @@ class Waiter:
                 if self.monotonic() >= min(until, due_at):
                     return Wake.DUE if due_at <= until else Wake.INTERVAL
             # Notified, or the poll is due: ask for the earliest due time again.
+
+    def wait_for_work(
+        self,
+        *,
+        until: float,
+        after: datetime | None,
+        partitions: PartitionLock | None = None,
+        beat: Callable[[], None] | None = None,
+    ) -> Wake:
+        """:meth:`wait`, and meanwhile: with ``partitions``, look every few seconds whether one is to
+        be taken (its owner died or gave it back) or given back (a worker joined), which ends the wait
+        (``DUE``: the next tick starts now); with ``beat``, call it at least every ``BEAT_SECONDS``
+        (the heartbeat file, which says the process is alive while it waits)."""
+        while True:
+            step = until if partitions is None else min(until, self.monotonic() + RETRY_SECONDS)
+            if beat is not None:
+                step = min(step, self.monotonic() + BEAT_SECONDS)
+            wake = self.wait(until=step, after=after)
+            if beat is not None:
+                beat()
+            if wake is not Wake.INTERVAL or self.monotonic() >= until:
+                return wake
+            if partitions is None:
+                continue  # woken only to write the heartbeat file
+            try:
+                if partitions.look():
+                    return Wake.DUE
+            except psycopg.Error:
+                return Wake.DUE  # the tick meets the error and reports it
 
     def _notified_before(self, wake_at: float, poll_at: float) -> bool:
         """Wait for a notification until ``wake_at`` or ``poll_at``, looking at the stop flag meanwhile;

@@ -10,49 +10,42 @@ sent is the :class:`~.executor.Executor`'s; how outcomes are committed is the
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from types import FrameType
 from typing import Any
 
 import psycopg
 import structlog
-from django.db import DatabaseError, InterfaceError, connection, transaction
+from django.db import DatabaseError, InterfaceError, connection
 
 from notifications_retry import signals
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.session import bound_transaction, drop_broken_connection
+from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
+from notifications_retry.engine.bookkeeping import Bookkeeping
 from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection
-from notifications_retry.engine.completer import Commits, Completer, ThreadedCompleter
+from notifications_retry.engine.completer import Commits, Completer, ThreadedCompleter, commit_in_hand
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
-from notifications_retry.engine.partitions import RETRY_SECONDS, PartitionLock
+from notifications_retry.engine.partitions import PartitionLock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at, wake_after
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.locks import AdvisoryLock
-from notifications_retry.models import WorkerHeartbeat
 from notifications_retry.observability import metrics, tracing
-from notifications_retry.observability.heartbeat_file import BEAT_SECONDS, HeartbeatFile
+from notifications_retry.observability.heartbeat_file import HeartbeatFile
 
 log = structlog.get_logger("notifications_retry.worker")
-
-#: The most often a worker counts the backlog (its gauges and the admin's sample) and writes the lane's
-#: heartbeat row, however often its ticks end; a stop's last tick always does.
-BOOKKEEPING_SECONDS = 10.0
 
 #: After a stop, how long outcomes may wait for an unreachable database before the worker gives up.
 STOP_COMMIT_GRACE_SECONDS = 2.0
@@ -120,8 +113,7 @@ class Worker:
         #: This process's own heartbeat on disk, for a pod's liveness probe (observability.heartbeat_file).
         self.heartbeat = HeartbeatFile(heartbeat_file, lane=self.lane) if heartbeat_file else None
         self.wall = wall
-        #: When the backlog was last counted and the lane's heartbeat written (monotonic).
-        self._booked_at: float | None = None
+        self.bookkeeping = Bookkeeping(self.lane, self.clock, monotonic)
         self._stop = threading.Event()
         self._backoff = failures.Backoff(self.interval)
         # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
@@ -161,6 +153,8 @@ class Worker:
         # this thread is inside a transaction (a test's), whose rows no other connection can see.
         beside = not connection.in_atomic_block
         self.completer: Commits = ThreadedCompleter(completer) if conf.COMMIT_THREAD and beside else completer
+        #: Where the claims of asynchronous channels run (engine.claiming), kept from tick to tick.
+        self.claim_connection = ClaimConnection(self._send_loop) if beside else None
         self.dispatcher = Dispatcher(
             conf=conf,
             executor=self.executor,
@@ -171,7 +165,7 @@ class Worker:
             stopping=self._stop.is_set,
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
             claim_thread=ClaimThread() if conf.CLAIM_THREAD and beside else None,
-            claim_connection=ClaimConnection(self._send_loop) if beside else None,
+            claim_connection=self.claim_connection,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -251,38 +245,25 @@ class Worker:
         pauses = [rt.blocked_until() for rt in self.channels.runtimes.values()]
         until = min(until, reopens_at(pauses, self.monotonic()))
         partitioned = self.lock if isinstance(self.lock, PartitionLock) else None
-        while True:
-            # Partitioned, look every few seconds whether a partition is to be taken (its owner died
-            # or gave it back) or given back (a worker joined): then the next tick starts now. With a
-            # heartbeat file, write it every few seconds while waiting.
-            step = until if partitioned is None else min(until, self.monotonic() + RETRY_SECONDS)
-            if self.heartbeat is not None:
-                step = min(step, self.monotonic() + BEAT_SECONDS)
-            wake = self.waiter.wait(until=step, after=after)
-            if self.heartbeat is not None and self.heartbeat.due(self.wall()):
-                self._beat()
-            if wake is Wake.FAILED:
-                error = self.waiter.error
-                log.warning(
-                    "wakeup-wait-failed", lane=self.lane, error=f"{type(error).__name__}: {error}"[:300]
-                )
-                self.lock.close()
-                return False
-            if wake is not Wake.INTERVAL or self.monotonic() >= until:
-                return True
-            if partitioned is None:
-                continue  # woken only to write the heartbeat file
-            try:
-                if partitioned.look():
-                    return True
-            except psycopg.Error:
-                return True  # the tick meets the error and reports it
+        beat = (lambda: self._beat(when_due=True)) if self.heartbeat is not None else None
+        if (
+            self.waiter.wait_for_work(until=until, after=after, partitions=partitioned, beat=beat)
+            is Wake.FAILED
+        ):
+            error = self.waiter.error
+            log.warning("wakeup-wait-failed", lane=self.lane, error=f"{type(error).__name__}: {error}"[:300])
+            self.lock.close()
+            return False
+        return True
 
     def close(self) -> None:
         """Release the lock, providers' connections, the commit thread, the send loop and thread pool."""
         self.lock.close()
         self.completer.close()
         self.channels.close()
+        if self.claim_connection is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.claim_connection.close()
         self._send_loop.close()
         self.executor.close()
 
@@ -326,7 +307,7 @@ class Worker:
         stats.duration_ms = (self.monotonic() - started) * 1000
         metrics.CYCLE_DURATION.labels(self.lane).observe(stats.duration_ms)
         metrics.LAST_CYCLE_DURATION.labels(self.lane).set(stats.duration_ms)
-        self._after_tick(stats, bound)
+        self.bookkeeping.tick_ended(stats, bound, stopping=stats.stopped or self.stopping)
         return stats
 
     def _cycle(self, stats: TickStats, started: float, bound: Any) -> None:
@@ -338,7 +319,7 @@ class Worker:
             self.channels.share = len(lock.owned) / lock.partitions
             bound = bound.bind(partitions=stats.partitions, live_workers=lock.live_workers)
         bound.info("retry-cycle-started", batch_size=self.batch_size, max_duration_s=self.max_duration)
-        self._heartbeat(started_at=self.clock.now())
+        self.bookkeeping.tick_started(self.clock.now())
         runtimes, waiting = self.channels.load(self.clock.now(), bound)
         stats.channel_disabled += sum(waiting.values())
         self._keys.clear()
@@ -377,20 +358,14 @@ class Worker:
         token makes a late commit safe); ``--once`` or a stopping worker drops what its lease no
         longer covers, so that the process can exit.
         """
-        completer = self.completer
-        while completer.pending:
-            if self._gave_up_after_stop():
-                bound.error("outcomes-abandoned", count=completer.pending, reason="stop requested")
-                return
-            if completer.due(flush=True):
-                completer.commit(bound)
-                continue
-            if not self._looping or self.stopping:
-                completer.drop_expired(bound)
-            pause = min(completer.wait_hint(), 0.25)
+        commit_in_hand(
+            self.completer,
+            bound,
+            give_up=self._gave_up_after_stop,
+            drop_expired=lambda: not self._looping or self.stopping,
             # A short sleep, not the stop event: once stopping, the event no longer waits at all.
-            completer.wait(pause, self._sleep or time.sleep)
-        completer.deliver()
+            sleep=self._sleep or time.sleep,
+        )
 
     def _gave_up_after_stop(self) -> bool:
         """A stop was asked and the database stayed unreachable past the grace period."""
@@ -415,80 +390,12 @@ class Worker:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _beat(self) -> None:
-        """Write this process's heartbeat file, if it has one, naming the partitions it owns."""
-        if self.heartbeat is not None:
+    def _beat(self, *, when_due: bool = False) -> None:
+        """Write this process's heartbeat file, if it has one, naming the partitions it owns (with
+        ``when_due``, only once the last write is ``BEAT_SECONDS`` old)."""
+        if self.heartbeat is not None and not (when_due and not self.heartbeat.due(self.wall())):
             owned = list(self.lock.owned) if isinstance(self.lock, PartitionLock) else None
             self.heartbeat.try_beat(self.wall(), owned, log)
-
-    def _heartbeat(
-        self,
-        *,
-        started_at: datetime | None = None,
-        completed_at: datetime | None = None,
-        tick_stats: dict[str, Any] | None = None,
-    ) -> None:
-        values: dict[str, Any] = {"hostname": socket.gethostname()[:255], "pid": os.getpid()}
-        if started_at is not None:
-            values["last_tick_started_at"] = started_at
-        if completed_at is not None:
-            values["last_tick_completed_at"] = completed_at
-            values["last_tick_stats"] = tick_stats or {}
-        # update_or_create locks the lane's row: bounded like the worker's other transactions, so a
-        # partition that strands it cannot hold that lock longer than TRANSACTION_TIMEOUT_SECONDS.
-        with transaction.atomic(), connection.cursor() as cursor:
-            bound_transaction(cursor)
-            WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
-
-    def _after_tick(self, stats: TickStats, bound: Any) -> None:
-        from notifications_retry.models import BacklogSample
-        from notifications_retry.observability.health import backlog
-
-        metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())  # no database: every tick
-        # The backlog's counts read every due row's index entry: after every tick of a large backlog
-        # (a tick ends at BATCH_SIZE rows) they would cost as much as the tick, once per worker.
-        now_mono = self.monotonic()
-        if (
-            self._booked_at is not None
-            and now_mono - self._booked_at < BOOKKEEPING_SECONDS
-            and not (stats.stopped or self.stopping)
-        ):
-            self._log_cycle(stats, bound)
-            return
-        self._booked_at = now_mono
-        try:
-            now = self.clock.now()
-            current = backlog(now)
-            metrics.FAILED_BACKLOG.set(current.failed_backlog)
-            metrics.DUE_BACKLOG.set(current.due)
-            metrics.OLDEST_DUE_AGE.set(current.oldest_due_age_seconds)
-            BacklogSample.objects.create(
-                taken_at=now,
-                due_backlog=current.due,
-                failed_backlog=current.failed_backlog,
-                dead_letters_unresolved=current.dead_letters_unresolved,
-                oldest_due_age_seconds=current.oldest_due_age_seconds,
-            )
-            self._heartbeat(completed_at=now, tick_stats=stats.as_dict())
-        except DatabaseError as exc:
-            bound.warning("tick-bookkeeping-failed", error=repr(exc))
-        self._log_cycle(stats, bound)
-
-    def _log_cycle(self, stats: TickStats, bound: Any) -> None:
-        bound.info(
-            "cycle-completed",
-            processed=stats.processed,
-            sent=stats.sent,
-            retried=stats.retried,
-            terminal=stats.terminal,
-            stale=stats.stale,
-            channel_disabled=stats.channel_disabled,
-            duration_ms=round(stats.duration_ms, 1),
-            stopped=stats.stopped,
-            deadline_reached=stats.deadline_reached,
-            lock_lost=stats.lock_lost,
-            rebalanced=stats.rebalanced,
-        )
 
 
 def run_worker(

@@ -197,3 +197,37 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     loop.close()
     assert [r.id for r in executor.sent] == [first.id], "the answer is handed on, nothing new starts"
     assert list(rt.queue) == queued and len(dispatcher.done) == 1
+
+
+def test_a_finished_call_starts_no_next_record_while_the_worker_cap_is_held_by_uncommitted_outcomes():
+    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.engine.dispatcher import Dispatcher
+    from notifications_retry.engine.in_flight import InFlightCap
+
+    class Completer:
+        pending = 0  # nothing committed or waiting yet: what was handed over still counts
+
+    loop = SteppedLoop()
+    executor = _Executor()
+    dispatcher = Dispatcher(
+        conf=get_settings(),
+        executor=executor,  # type: ignore[arg-type]
+        completer=Completer(),  # type: ignore[arg-type]
+        reporter=None,  # type: ignore[arg-type]
+        send_loop=lambda: loop,
+        monotonic=lambda: 0.0,
+        stopping=lambda: False,
+        lane_priorities=None,
+    )
+    dispatcher.ownership = Ownership(lambda: 0.0, idle_session_timeout=90)
+    dispatcher.ownership.begin(0.0)
+    rt = runtime(max_concurrency=4)
+    rt.cap = InFlightCap(1)
+    rt.cap.uncommitted = dispatcher._uncommitted
+    first, *queued = [record() for _ in range(3)]
+    rt.queue.extend(queued)
+    rt.inflight, dispatcher.running = 1, 1
+    loop.run(dispatcher._slot(rt, first))
+    loop.close()
+    assert [r.id for r in executor.sent] == [first.id], "its outcome is not committed: no slot is free"
+    assert list(rt.queue) == queued and len(dispatcher.done) == 1
