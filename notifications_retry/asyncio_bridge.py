@@ -109,16 +109,7 @@ class SteppedLoop:
 
     async def _finish(self) -> None:
         """Cancel the spawned tasks (calls still in flight); let the others (a client's close) end."""
-        await asyncio.sleep(0)  # tasks created just before start first
-        for task in list(self._tasks):
-            task.cancel()
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        if others:
-            await asyncio.wait(others, timeout=STOP_TIMEOUT_SECONDS)
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
-        await asyncio.sleep(0)  # transports finish closing
+        await _cancel_pending(first=list(self._tasks), grace=STOP_TIMEOUT_SECONDS)
 
 
 class LoopThread:
@@ -182,9 +173,15 @@ class LoopThread:
                 loop.close()
 
 
-async def _cancel_pending() -> None:
+async def _cancel_pending(first: list[asyncio.Task[Any]] | None = None, grace: float = 0.0) -> None:
+    """Cancel the loop's tasks and let them run out: ``first`` at once, the others after ``grace``
+    seconds to end on their own (a client closing its connections)."""
     await asyncio.sleep(0)  # tasks spawned just before the stop start first
+    for task in first or ():
+        task.cancel()
     tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    if tasks and grace > 0:
+        await asyncio.wait(tasks, timeout=grace)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

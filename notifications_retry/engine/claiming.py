@@ -244,20 +244,18 @@ class Claims:
         runtimes = self.runtimes
         budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
         pending: list[Outcome] = []
+        common: dict[str, Any] = {
+            "total": total,
+            "budgets": budgets,
+            "attempts_by_type": self.conf.ATTEMPTS_BY_TYPE,
+            "priorities": self.lane_priorities,
+            "skip": skip,
+            "max_payload_bytes": self.conf.MAX_PAYLOAD_BYTES,
+            "partitions": self.partitions,
+        }
         if self.claim_connection is not None and not any(runtimes[p.channel_id].inline for p in plan):
             try:
-                batch = self.claim_connection.claim(
-                    self.now(),
-                    plan,
-                    total=total,
-                    budgets=budgets,
-                    attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
-                    priorities=self.lane_priorities,
-                    skip=skip,
-                    max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
-                    partitions=self.partitions,
-                )
-                return batch, pending
+                return self.claim_connection.claim(self.now(), plan, **common), pending
             except psycopg.Error as exc:
                 # Redone on Django's connection, whose fallbacks tell a poison row from an outage.
                 bound.warning("claim-fallback", fallback="django-connection", error=first_line(exc))
@@ -270,20 +268,7 @@ class Claims:
             with self.settle_lock:
                 return self.settle_one(rt, record, pending)
 
-        batch = self.db.claim(
-            self.now(),
-            plan,
-            total=total,
-            budgets=budgets,
-            attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
-            priorities=self.lane_priorities,
-            settle=settle,
-            skip=skip,
-            max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
-            log=bound,
-            partitions=self.partitions,
-        )
-        return batch, pending
+        return self.db.claim(self.now(), plan, settle=settle, log=bound, **common), pending
 
     def _take(
         self,

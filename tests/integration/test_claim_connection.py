@@ -32,6 +32,19 @@ def webhook_rows(clock: Any, url: str, count: int) -> list[NotificationEntity]:
     return due_notifications(clock, channel, count)
 
 
+def claim_ten(claims: ClaimConnection, channel: Any, clock: Any) -> Any:
+    return claims.claim(
+        clock.now(),
+        [ChannelClaim(channel.pk, 10, 60.0)],
+        total=10,
+        budgets={channel.pk: (5, "hook")},
+        attempts_by_type={},
+        priorities=None,
+        skip=(),
+        max_payload_bytes=1_000_000,
+    )
+
+
 def test_the_send_loop_runs_while_the_claim_waits_for_the_server(clock):
     channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": "http://127.0.0.1:9/"})
     due_notifications(clock, channel, 3)
@@ -46,16 +59,7 @@ def test_the_send_loop_runs_while_the_claim_waits_for_the_server(clock):
     loop.spawn([call_in_flight()])
     claims = ClaimConnection(loop)
     try:
-        batch = claims.claim(
-            clock.now(),
-            [ChannelClaim(channel.pk, 10, 60.0)],
-            total=10,
-            budgets={channel.pk: (5, "hook")},
-            attempts_by_type={},
-            priorities=None,
-            skip=(),
-            max_payload_bytes=1_000_000,
-        )
+        batch = claim_ten(claims, channel, clock)
         assert claims.open
     finally:
         claims.close()
@@ -83,16 +87,7 @@ def test_the_asynchronous_claim_settles_what_the_synchronous_one_settles(clock):
     loop = SteppedLoop()
     claims = ClaimConnection(loop)
     try:
-        batch = claims.claim(
-            clock.now(),
-            [ChannelClaim(channel.pk, 10, 60.0)],
-            total=10,
-            budgets={channel.pk: (5, "hook")},
-            attempts_by_type={},
-            priorities=None,
-            skip=(),
-            max_payload_bytes=1_000_000,
-        )
+        batch = claim_ten(claims, channel, clock)
     finally:
         claims.close()
         loop.close()

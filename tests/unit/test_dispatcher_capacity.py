@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from notifications_retry.conf import get_settings
 from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECONDS, ChannelRuntime
 from notifications_retry.engine.feedback import FlowFeedback
@@ -124,6 +126,22 @@ def test_successes_and_permanent_failures_leave_the_queue_alone():
     assert len(rt.queue) == 1 and not rt.breaker.is_open
 
 
+def dispatcher_on(loop: Any, executor: Any, *, monotonic: Any, completer: Any = None) -> Any:
+    """A dispatcher whose slots run on ``loop`` (its other parts are not used by a slot)."""
+    from notifications_retry.engine.dispatcher import Dispatcher
+
+    return Dispatcher(
+        conf=get_settings(),
+        executor=executor,
+        completer=completer,
+        reporter=None,  # type: ignore[arg-type]
+        send_loop=lambda: loop,
+        monotonic=monotonic,
+        stopping=lambda: False,
+        lane_priorities=None,
+    )
+
+
 class _Executor:
     """Answers every send at once with a delivery, recording the records in order."""
 
@@ -137,21 +155,11 @@ class _Executor:
 
 def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
     from notifications_retry.asyncio_bridge import SteppedLoop
-    from notifications_retry.engine.dispatcher import Dispatcher
 
     loop = SteppedLoop()
 
     executor = _Executor()
-    dispatcher = Dispatcher(
-        conf=get_settings(),
-        executor=executor,  # type: ignore[arg-type]
-        completer=None,  # type: ignore[arg-type]
-        reporter=None,  # type: ignore[arg-type]
-        send_loop=lambda: loop,
-        monotonic=lambda: 0.0,
-        stopping=lambda: False,
-        lane_priorities=None,
-    )
+    dispatcher = dispatcher_on(loop, executor, monotonic=lambda: 0.0, completer=None)
     dispatcher.ownership = Ownership(lambda: 0.0, idle_session_timeout=90)
     dispatcher.ownership.begin(0.0)  # the tick holds the cycle's lock, as run() starts it
     rt = runtime(max_concurrency=1)
@@ -170,22 +178,12 @@ def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
 def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     # A process resumed after a freeze: the lock was last seen held long ago (the standby has it now).
     from notifications_retry.asyncio_bridge import SteppedLoop
-    from notifications_retry.engine.dispatcher import Dispatcher
 
     loop = SteppedLoop()
 
     now = [0.0]
     executor = _Executor()
-    dispatcher = Dispatcher(
-        conf=get_settings(),
-        executor=executor,  # type: ignore[arg-type]
-        completer=None,  # type: ignore[arg-type]
-        reporter=None,  # type: ignore[arg-type]
-        send_loop=lambda: loop,
-        monotonic=lambda: now[0],
-        stopping=lambda: False,
-        lane_priorities=None,
-    )
+    dispatcher = dispatcher_on(loop, executor, monotonic=lambda: now[0], completer=None)
     dispatcher.ownership = Ownership(lambda: now[0], idle_session_timeout=90)
     dispatcher.ownership.begin(0.0)
     now[0] = 120.0  # frozen for two minutes during the call
@@ -201,7 +199,6 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
 
 def test_a_finished_call_starts_no_next_record_while_the_worker_cap_is_held_by_uncommitted_outcomes():
     from notifications_retry.asyncio_bridge import SteppedLoop
-    from notifications_retry.engine.dispatcher import Dispatcher
     from notifications_retry.engine.in_flight import InFlightCap
 
     class Completer:
@@ -209,16 +206,7 @@ def test_a_finished_call_starts_no_next_record_while_the_worker_cap_is_held_by_u
 
     loop = SteppedLoop()
     executor = _Executor()
-    dispatcher = Dispatcher(
-        conf=get_settings(),
-        executor=executor,  # type: ignore[arg-type]
-        completer=Completer(),  # type: ignore[arg-type]
-        reporter=None,  # type: ignore[arg-type]
-        send_loop=lambda: loop,
-        monotonic=lambda: 0.0,
-        stopping=lambda: False,
-        lane_priorities=None,
-    )
+    dispatcher = dispatcher_on(loop, executor, monotonic=lambda: 0.0, completer=Completer())
     dispatcher.ownership = Ownership(lambda: 0.0, idle_session_timeout=90)
     dispatcher.ownership.begin(0.0)
     rt = runtime(max_concurrency=4)
