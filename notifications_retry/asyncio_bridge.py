@@ -51,11 +51,13 @@ class SteppedLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Spawned tasks: the loop keeps only weak references to tasks.
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._event: asyncio.Event | None = None
+        # Set by signal() and cleared by the wait it ends: a signal between two waits is not lost.
+        self._event = asyncio.Event()
 
     def _started(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
+            self._event = asyncio.Event()  # an event is bound to the first loop that waits on it
         return self._loop
 
     def spawn(self, coroutines: Iterable[Coroutine[Any, Any, None]]) -> None:
@@ -72,21 +74,19 @@ class SteppedLoop:
         return bool(self._tasks)
 
     def signal(self) -> None:
-        """Called by a task: end the owner's current :meth:`wait` (the task has something to hand over)."""
-        if self._event is not None:
-            self._event.set()
+        """Called by a task: end the owner's current :meth:`wait` (or its next one): the task has
+        something to hand over."""
+        self._event.set()
 
     def wait(self, timeout: float) -> None:
         """Run the loop until a task calls :meth:`signal` or ``timeout`` seconds pass."""
         self._started().run_until_complete(self._wait(timeout))
 
     async def _wait(self, timeout: float) -> None:
-        event = self._event = asyncio.Event()
-        try:
+        if not self._event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), max(0.0, timeout))
-        finally:
-            self._event = None
+                await asyncio.wait_for(self._event.wait(), max(0.0, timeout))
+        self._event.clear()
 
     def pause(self, seconds: float) -> None:
         """Run the loop for ``seconds`` (the owner's pause: the tasks go on meanwhile)."""

@@ -147,8 +147,6 @@ class Dispatcher:
         partitioned = lock if isinstance(lock, PartitionLock) else None
         owned = Partitions(partitioned.partitions, partitioned.owned) if partitioned is not None else None
         claims.begin_tick(runtimes, stats, owned)
-        for rt in runtimes.values():  # a send's slot is held until its outcome is committed
-            rt.cap.uncommitted = self._uncommitted
         while True:
             now_mono = self.monotonic()
             if claiming and (self.stopping() or now_mono >= deadline or remaining <= 0):
@@ -373,10 +371,6 @@ class Dispatcher:
                 self.running += 1
                 continue
             return
-
-    def _uncommitted(self) -> int:
-        """Calls that returned and whose outcome is not committed yet (handed over, or the completer's)."""
-        return len(self.done) + self.completer.pending
 
     def _hand_over(self, finished: Finished) -> None:
         """A call ended: its outcome waits in :attr:`done`, and the dispatcher's wait ends."""

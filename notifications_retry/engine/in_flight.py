@@ -5,16 +5,11 @@ protects the worker's process (its sockets, memory and event loop), whatever the
 Every channel runtime of a worker shares one :class:`InFlightCap`: a send starts only while the worker
 has a free slot, and claims are sized so that the worker keeps about one round queued behind its
 calls, as a single channel does, never one round per channel.
-
-A slot is free again once the call's outcome is committed, not when the call returns: a call whose
-outcome is not committed yet is sent again after a crash, so the cap also bounds what a SIGKILL of
-the worker repeats. The dispatcher tells the cap how many outcomes wait for their commit
-(:attr:`InFlightCap.uncommitted`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 from notifications_retry.delivery.channel_rules import QUEUE_ROUNDS
@@ -27,25 +22,18 @@ class InFlightCap:
         self.limit = limit
         #: Changed only through the channel runtimes' ``inflight`` (on the worker's thread).
         self.count = 0
-        #: How many calls have returned and wait for their outcome's commit (set by the dispatcher).
-        self.uncommitted: Callable[[], int] = _none
 
     @property
     def free(self) -> bool:
-        """Whether one more call may start: the calls in flight and the outcomes not committed yet
-        leave room for it."""
-        return self.limit is None or self.count + self.uncommitted() < self.limit
+        """Whether one more call may start."""
+        return self.limit is None or self.count < self.limit
 
     def room(self, queued: int) -> int | None:
         """Records the worker may claim beside ``queued`` ones (None: no cap): its calls in flight and
         one round queued behind them, like one channel's claim."""
         if self.limit is None:
             return None
-        return max(0, (QUEUE_ROUNDS + 1) * self.limit - self.count - self.uncommitted() - queued)
-
-
-def _none() -> int:
-    return 0
+        return max(0, (QUEUE_ROUNDS + 1) * self.limit - self.count - queued)
 
 
 class _Sender(Protocol):

@@ -197,25 +197,26 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     assert list(rt.queue) == queued and len(dispatcher.done) == 1
 
 
-def test_a_finished_call_starts_no_next_record_while_the_worker_cap_is_held_by_uncommitted_outcomes():
-    from notifications_retry.asyncio_bridge import SteppedLoop
-    from notifications_retry.engine.in_flight import InFlightCap
+def test_the_send_loop_keeps_a_signal_given_between_two_waits_and_runs_again_after_a_close():
+    import time
 
-    class Completer:
-        pending = 0  # nothing committed or waiting yet: what was handed over still counts
+    from notifications_retry.asyncio_bridge import SteppedLoop
 
     loop = SteppedLoop()
-    executor = _Executor()
-    dispatcher = dispatcher_on(loop, executor, monotonic=lambda: 0.0, completer=Completer())
-    dispatcher.ownership = Ownership(lambda: 0.0, idle_session_timeout=90)
-    dispatcher.ownership.begin(0.0)
-    rt = runtime(max_concurrency=4)
-    rt.cap = InFlightCap(1)
-    rt.cap.uncommitted = dispatcher._uncommitted
-    first, *queued = [record() for _ in range(3)]
-    rt.queue.extend(queued)
-    rt.inflight, dispatcher.running = 1, 1
-    loop.run(dispatcher._slot(rt, first))
-    loop.close()
-    assert [r.id for r in executor.sent] == [first.id], "its outcome is not committed: no slot is free"
-    assert list(rt.queue) == queued and len(dispatcher.done) == 1
+    for _ in range(2):  # a worker run twice closes its loop in between
+        loop.spawn([_signal_later(loop)])
+        started = time.monotonic()
+        loop.wait(5.0)  # ended by the task's signal, not by the timeout
+        assert time.monotonic() - started < 4.0
+        loop.signal()  # given while nobody waits: the next wait returns at once
+        started = time.monotonic()
+        loop.wait(5.0)
+        assert time.monotonic() - started < 1.0
+        loop.close()
+
+
+async def _signal_later(loop: Any) -> None:
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    loop.signal()

@@ -69,20 +69,3 @@ def test_inline_channels_are_not_trimmed_and_no_cap_trims_nothing():
     assert fit_to_room(runtimes, {1: 500, 2: 50}) == {1: 500, 2: (QUEUE_ROUNDS + 1) * 1}
     free = InFlightCap(None)
     assert fit_to_room({1: runtime("a", free)}, {1: 500}) == {1: 500}
-
-
-def test_a_slot_is_free_again_only_once_its_outcome_is_committed():
-    # A call whose outcome waits for its commit is sent again after a crash: it still holds its slot,
-    # so a SIGKILL repeats at most the cap's worth of sends.
-    cap = InFlightCap(2)
-    waiting = [0]
-    cap.uncommitted = lambda: waiting[0]
-    rt = runtime("a", cap)
-    rt.inflight = 1
-    assert rt.can_start(0.0)
-    rt.inflight -= 1  # the call returned: its outcome now waits for the completer
-    waiting[0] = 2
-    assert not rt.can_start(0.0)
-    assert cap.room(0) == (QUEUE_ROUNDS + 1) * 2 - 2
-    waiting[0] = 1  # one outcome committed
-    assert rt.can_start(0.0)
