@@ -14,6 +14,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel.
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
+- ``.give_back``: claimed records given back unsent (a stop, a lost lock, an open circuit, a
+  throttle's pause), their attempt with them.
 - ``.feedback``: what an outcome tells its channel's flow control (a throttle pauses it, failures
   open its circuit).
 - ``.channels``: each channel's provider and flow-control state as the worker keeps them across ticks,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -33,6 +32,7 @@ from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
+from notifications_retry.engine.give_back import GiveBack
 from notifications_retry.engine.in_flight import fit_to_room
 from notifications_retry.engine.ownership import Ownership
 from notifications_retry.engine.partitions import PartitionLock
@@ -99,6 +99,13 @@ class Dispatcher:
         #: Whether the tick still owns the cycle: asked before every new provider call.
         self.ownership: Ownership | None = None
         self.feedback = FlowFeedback(conf, monotonic, None)
+        #: Claimed records given back unsent (a stop, a lost lock, a circuit opened, a throttle).
+        self.give_back = GiveBack(
+            db,
+            now=lambda: self.executor.clock.now(),  # the executor's clock, as the tick sets it
+            monotonic=monotonic,
+            log=lambda: self.feedback.bound or log,
+        )
         self.claims = Claims(
             conf=conf,
             now=lambda: self.executor.clock.now(),  # the executor's clock, as the tick sets it
@@ -240,25 +247,11 @@ class Dispatcher:
         """Whether a new provider call may start: no stop asked, the cycle still ours (engine.ownership)."""
         return not self.stopping() and self.ownership is not None and self.ownership.may_send(at)
 
-    def _hold_back(self, rt: ChannelRuntime, records: list[ClaimedRecord], at: float | None = None) -> None:
-        """Give back queued records of a channel its provider asked to wait: their calls never started,
-        so they keep their attempt (as a circuit opening's do), and their next one waits for the pause
-        (as seen at ``at``, the moment the channel was paused)."""
-        wait = max(0.0, rt.paused_until - (rt.paused_at if at is None else at))
-        not_before = self.executor.clock.now() + timedelta(seconds=wait)
-        (self.feedback.bound or log).info(
-            "records-released",
-            count=self.db.release(records, not_before=not_before),
-            reason="channel throttled before they were sent",
-            channel=rt.key,
-            not_before=not_before.isoformat(),
-        )
-
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
         with self.settle_lock:
             queued = [record for rt in runtimes.values() for record in take_queue(rt)]
-        bound.info("records-released", count=self.db.release(queued), reason=reason)
+        self.give_back.release(queued, reason, bound)
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -279,9 +272,9 @@ class Dispatcher:
                         held = take_queue(rt)
                 self.completer.add(outcomes)
                 if held and self.monotonic() < rt.paused_until:
-                    self._hold_back(rt, held)  # their next attempt waits for the whole pause
+                    self.give_back.hold_back(rt, held)  # their next attempt waits for the whole pause
                 elif held:
-                    self._give_back(rt, held)
+                    self.give_back.unsendable(rt, held)
                 continue
             started: list[ClaimedRecord] = []
             rerouted: list[Rerouted] = []
@@ -304,7 +297,7 @@ class Dispatcher:
             if rerouted:
                 self.send_loop().spawn(self._rerouted(rt, item) for item in rerouted)
             if given_back:
-                self._give_back(rt, given_back)
+                self.give_back.unsendable(rt, given_back)
 
     def _send_inline(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome:
         """Send on this thread (an inline provider; the caller holds the settle lock); its outcome and
@@ -317,24 +310,8 @@ class Dispatcher:
             # Back in line: given back by _start, on the worker's thread and outside any claim.
             rt.queue.extendleft(reversed(returned))
         elif returned:
-            log.info(
-                "records-released",
-                count=self.db.release(returned),
-                reason="circuit opened before they were sent",
-            )
+            self.give_back.release(returned, "circuit opened before they were sent", log)
         return outcome
-
-    def _give_back(self, rt: ChannelRuntime, records: list[ClaimedRecord]) -> None:
-        """Queued records of a channel that can neither call its provider nor its fallback now."""
-        at = self.monotonic()
-        if at < rt.paused_until:
-            self._hold_back(rt, records, at)
-        else:
-            log.info(
-                "records-released",
-                count=self.db.release(records),
-                reason="circuit open and the fallback cannot take them",
-            )
 
     async def _rerouted(self, rt: ChannelRuntime, item: Rerouted) -> None:
         """A record sent straight through its channel's fallback (the channel must not be called now)."""
@@ -408,13 +385,9 @@ class Dispatcher:
                     give_back.extend(returned.records)
         self.completer.add(outcomes)
         for returned in held:
-            self._hold_back(returned.rt, returned.records, returned.at)
+            self.give_back.hold_back(returned.rt, returned.records, returned.at)
         if give_back:
-            bound.info(
-                "records-released",
-                count=self.db.release(give_back),
-                reason="circuit opened before they were sent",
-            )
+            self.give_back.release(give_back, "circuit opened before they were sent", bound)
 
     def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
         now_mono = self.monotonic()
