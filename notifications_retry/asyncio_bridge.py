@@ -68,11 +68,6 @@ class SteppedLoop:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    @property
-    def busy(self) -> bool:
-        """Whether a spawned task has not ended."""
-        return bool(self._tasks)
-
     def signal(self) -> None:
         """Called by a task: end the owner's current :meth:`wait` (or its next one): the task has
         something to hand over."""

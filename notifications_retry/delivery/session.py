@@ -41,7 +41,7 @@ def bound_connections(*aliases: str) -> None:
 
 # JIT off too: these transactions run short statements, and a recursive query's rough estimates (the
 # claim's walk over tenants) could pass jit_above_cost and spend 100 ms compiling a 2 ms statement.
-_BOUND = (
+BOUND_SQL = (
     "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true), "
     "set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true)"
 )
@@ -49,11 +49,7 @@ _BOUND = (
 
 def bound_transaction(cursor: Any) -> None:
     """Let the server end the current transaction if it idles or a statement runs past the bound."""
-    cursor.execute(_BOUND, bound_params())
-
-
-#: The statement that bounds a transaction (:func:`bound_transaction`), for the asynchronous driver.
-BOUND_SQL = _BOUND
+    cursor.execute(BOUND_SQL, bound_params())
 
 
 def bound_params() -> dict[str, str]:

@@ -78,10 +78,8 @@ class ClaimConnection:
         partitions: Partitions | None = None,
     ) -> ClaimBatch:
         """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors."""
-        params = self._params()  # read outside the loop: Django's code is synchronous
         return self.loop.run(
             self._claim(
-                params,
                 now,
                 plan,
                 total=total,
@@ -94,26 +92,23 @@ class ClaimConnection:
             )
         )
 
-    async def _claim(self, params: dict[str, Any], *args: Any, **kwargs: Any) -> ClaimBatch:
-        kept = self.open
-        if not kept:
-            self._conn = await psycopg.AsyncConnection.connect(**params)
-        try:
-            return await claim_due_async(self._conn, *args, **kwargs)  # type: ignore[arg-type]
-        except psycopg.Error as exc:
-            await self._close()  # the next claim starts on a new connection
-            if not kept or not isinstance(exc, psycopg.OperationalError):
-                raise
+    async def _claim(self, *args: Any, **kwargs: Any) -> ClaimBatch:
         # A connection kept from an earlier tick that the server closed meanwhile (a restart, an idle
-        # session's timeout): the claim is tried once more, on a new one.
-        self._conn = await psycopg.AsyncConnection.connect(**params)
-        try:
-            return await claim_due_async(self._conn, *args, **kwargs)
-        except psycopg.Error:
-            await self._close()
-            raise
+        # session's timeout) fails on its first statement: the claim is tried once more, on a new one.
+        retry = self.open
+        while True:
+            if self._conn is None or self._conn.closed:
+                self._conn = await psycopg.AsyncConnection.connect(**self._params())
+            try:
+                return await claim_due_async(self._conn, *args, **kwargs)
+            except psycopg.Error as exc:
+                await self._close()  # the next claim starts on a new connection
+                if not retry or not isinstance(exc, psycopg.OperationalError):
+                    raise
+                retry = False
 
     def _params(self) -> dict[str, Any]:
+        # Settings only (Django opens no connection here): safe to read with the loop running.
         params = dict(connections[self.alias].get_connection_params())
         # Django's cursor class is a synchronous one; the client-side binding is the same.
         params["cursor_factory"] = psycopg.AsyncClientCursor

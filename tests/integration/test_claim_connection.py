@@ -150,3 +150,21 @@ def test_a_claim_that_fails_on_the_claim_connection_is_redone_on_djangos(webhook
     ids = [r.pk for r in created]
     statuses = NotificationEntity.objects.filter(pk__in=ids).values_list("status", flat=True)
     assert set(statuses) == {Status.SENT}
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_within_the_same_claim(clock):
+    channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": "http://127.0.0.1:9/"})
+    loop = SteppedLoop()
+    claims = ClaimConnection(loop)
+    try:
+        claim_ten(claims, channel, clock)  # nothing due yet: the connection is opened and kept
+        first = claims._conn.info.backend_pid
+        with connection.cursor() as cursor:  # the server ends it (a restart, an idle timeout)
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+        due_notifications(clock, channel, 2)
+        batch = claim_ten(claims, channel, clock)
+        assert len(batch.records) == 2
+        assert claims.open and claims._conn.info.backend_pid != first
+    finally:
+        claims.close()
+        loop.close()
