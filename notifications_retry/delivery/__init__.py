@@ -5,8 +5,9 @@
   Django's connection or an asynchronous one (the worker's claims of asynchronous channels), with
   its statements and plan in :mod:`.claim_statements` and the size and shape limits every claimed
   row is held to in :mod:`.row_limits`;
-- :mod:`.finalize` applies outcomes and their outbox events under the claim token, and gives back
-  leases that were never used;
+- :mod:`.finalize` applies outcomes and their outbox events under the claim token, on Django's
+  connection or an asynchronous one (the worker's commits on its send loop), and gives back leases
+  that were never used;
 - :mod:`.handoff` records the outcome of the monolith's own first send;
 - :mod:`.cancel` and :mod:`.triage` are the operators' and the monolith's state changes, and
   :mod:`.recovery` runs a recovery job's requeues in chunks;
@@ -40,7 +41,9 @@ from notifications_retry.delivery.finalize import (
     MAX_ERROR_CHARS,
     CommitUnavailable,
     FinalizeReport,
+    NeedsDjango,
     finalize,
+    finalize_async,
     release,
 )
 from notifications_retry.outcomes import (
@@ -68,6 +71,7 @@ __all__ = [
     "ClaimedRecord",
     "CommitUnavailable",
     "FinalizeReport",
+    "NeedsDjango",
     "Outcome",
     "Partitions",
     "attempt_budget",
@@ -75,5 +79,6 @@ __all__ = [
     "claim_due_async",
     "claim_query",
     "finalize",
+    "finalize_async",
     "release",
 ]

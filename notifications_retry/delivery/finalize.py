@@ -4,6 +4,12 @@ An outcome is applied only where the row's claim token still matches the one its
 lease that expired and was taken over makes the late outcome stale, and it changes nothing. When the
 connection itself fails, the outcomes are not lost: :class:`CommitUnavailable` hands them back to the
 caller, who keeps them and tries again while their leases hold.
+
+:func:`finalize` commits on Django's connection. :func:`finalize_async` commits the same statements
+(:func:`commit_steps`) on an asynchronous psycopg connection, the worker's send loop's; a batch whose
+commit writes through Django's ORM (a channel's health change, a gone mailbox's suppression), or
+whose statements fail there, raises and is committed by :func:`finalize`, which tells a refused row
+from an outage.
 """
 
 from __future__ import annotations
@@ -14,14 +20,15 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from notifications_retry import events
 from notifications_retry.delivery import health
-from notifications_retry.delivery.session import bound_transaction
-from notifications_retry.delivery.statements import Statement, Steps, run_steps
-from notifications_retry.delivery.suppression import suppress_gone_mailboxes
+from notifications_retry.delivery.session import BOUND_SQL, bound_params, bound_transaction
+from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_steps_async
+from notifications_retry.delivery.suppression import gone_mailboxes, suppress_gone_mailboxes
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
     CONTRACT_VERSION,
@@ -253,6 +260,41 @@ def finalize(outcomes: Iterable[Outcome], now: datetime, *, log: Any = None) -> 
             # Its lease will run out and the row will be claimed again.
             log.error("finalize-failed", notification_id=str(outcome.record.id), error=first_line(exc))
             report.failed.append(outcome)
+    return report
+
+
+class NeedsDjango(Exception):
+    """A batch whose commit writes through Django's ORM: :func:`finalize` commits it instead."""
+
+
+def commit_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Outcome]]:
+    """A bulk finalize's transaction as statements: the bound, the outcomes and their events, the
+    endpoint health window; returns the outcomes applied. Raises :class:`NeedsDjango` (the
+    transaction then rolls back) where Django's ORM has to write: a suppression, a health change."""
+    if gone_mailboxes(outcomes):
+        raise NeedsDjango("a gone mailbox is suppressed through Django's ORM")
+    yield Statement(BOUND_SQL, bound_params(), rows=False)
+    applied = yield from outcome_steps(outcomes, now, guarded=True)
+    if (yield from health.window_steps(applied, now)):
+        raise NeedsDjango("an endpoint's health change is written through Django's ORM")
+    return applied
+
+
+async def finalize_async(
+    conn: psycopg.AsyncConnection[Any], outcomes: Sequence[Outcome], now: datetime
+) -> FinalizeReport:
+    """Apply outcomes under their claim tokens in one transaction on ``conn`` (autocommit off is not
+    needed: the transaction is explicit). Raises :class:`NeedsDjango` or psycopg's errors, the
+    transaction rolled back: the caller commits the batch by :func:`finalize` instead."""
+    outcomes = list(outcomes)
+    report = FinalizeReport()
+    if not outcomes:
+        return report
+    async with conn.transaction(), conn.cursor() as cursor:
+        applied = await run_steps_async(commit_steps(outcomes, now), cursor)
+        if BEFORE_COMMIT is not None:
+            BEFORE_COMMIT()
+    _sort(report, outcomes, applied)
     return report
 
 

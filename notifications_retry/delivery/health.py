@@ -6,7 +6,9 @@ channel's current bucket (one upsert), and for the channels that failed in the b
 change updates the channel (``disabled`` also sets ``is_enabled`` False: its rows wait, untouched),
 records a :class:`~notifications_retry.models.ChannelHealthChange` and inserts a
 ``pin.notifications.channel-health.v1`` outbox event, all in that transaction; the log event, the
-metric and the ``channel_health_changed`` signal follow its commit.
+metric and the ``channel_health_changed`` signal follow its commit. Its statements are
+:func:`window_steps`, so that a commit on the send loop's connection runs them too; a change is
+written through Django's ORM (that rare batch is committed on Django's connection).
 
 :func:`reenable` is the operator's way back (the admin's action): audited, refused during the
 cooldown after an automatic disable, and it starts the window afresh. :func:`prune_buckets` deletes the
@@ -15,6 +17,7 @@ buckets that slid out of the window (housekeeping runs it): the table stays one 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -25,6 +28,7 @@ from django.db import transaction
 
 from notifications_retry import health_rules, signals
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.statements import Statement, Steps, run_steps
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.health_rules import DISABLED, GONE, OK, Thresholds, Transition, Window
 from notifications_retry.models import (
@@ -80,28 +84,42 @@ def _counts(outcomes: Sequence[Outcome]) -> dict[int, list[int]]:
     return counts
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HealthChange:
+    """A change the window calls for: ``channel_id`` from ``expected`` by ``transition``."""
+
+    channel_id: int
+    expected: str
+    transition: Transition
+    window: Window
+
+
 def record(cursor: Any, outcomes: Sequence[Outcome], now: datetime) -> None:
     """Add ``outcomes``' provider calls to the health window, then apply any change (caller's transaction)."""
+    for found in run_steps(window_steps(outcomes, now), cursor):
+        change(found.channel_id, found.expected, found.transition, now, window=found.window)
+
+
+def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[HealthChange]]:
+    """The statements that add the calls to their buckets and sum the windows (delivery.statements);
+    returns the changes to apply (:func:`change` writes them through Django's ORM)."""
     counts = _counts(outcomes)
     if not counts:
-        return
+        return []
     limits = Thresholds.of(get_settings())
     rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, _) in sorted(counts.items())]
-    cursor.execute(_UPSERT, {"rows": json.dumps(rows), "start": health_rules.bucket_start(now, limits)})
+    start = health_rules.bucket_start(now, limits)
+    yield Statement(_UPSERT, {"rows": json.dumps(rows), "start": start}, rows=False)
     failing = [cid for cid, (_, f, _) in counts.items() if f]
-    cursor.execute(
-        _WINDOW,
-        {
-            "since": now - timedelta(seconds=limits.window_seconds),
-            "ids": list(counts),
-            "failing": failing,
-        },
-    )
-    for cid, state, attempts, failures in cursor.fetchall():
+    since = now - timedelta(seconds=limits.window_seconds)
+    sums = yield Statement(_WINDOW, {"since": since, "ids": list(counts), "failing": failing})
+    changes: list[HealthChange] = []
+    for cid, state, attempts, failures in sums:
         window = Window(int(attempts), int(failures), gone=counts[cid][2] > 0)
         transition = health_rules.assess(state, window, limits)
         if transition is not None:
-            change(cid, state, transition, now, window=window)
+            changes.append(HealthChange(cid, state, transition, window))
+    return changes
 
 
 def prune_buckets(*, now: datetime) -> int:

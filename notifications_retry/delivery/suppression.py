@@ -164,7 +164,7 @@ def suppress_gone_mailboxes(outcomes: Sequence[Any], now: datetime) -> int:
 
     Runs in the caller's transaction (finalize's), so the suppression commits with the outcome.
     """
-    gone = [o for o in outcomes if o.result == TERMINAL and o.error_kind == MAILBOX_UNAVAILABLE]
+    gone = gone_mailboxes(outcomes)
     for outcome in gone:
         recipient = outcome.record.recipient
         if isinstance(recipient, str) and recipient.strip():
@@ -177,6 +177,11 @@ def suppress_gone_mailboxes(outcomes: Sequence[Any], now: datetime) -> int:
                 at=now,
             )
     return len(gone)
+
+
+def gone_mailboxes(outcomes: Sequence[Any]) -> list[Any]:
+    """The outcomes whose permanent reply names the mailbox as gone (their recipients get suppressed)."""
+    return [o for o in outcomes if o.result == TERMINAL and o.error_kind == MAILBOX_UNAVAILABLE]
 
 
 _SMTP_REPLY = re.compile(r"^SMTP (\d{3}) at [^:]+: (\d\.\d{1,3}\.\d{1,3})")

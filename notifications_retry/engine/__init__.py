@@ -13,6 +13,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   what each claim returned.
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel.
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
+- ``.loop_completer``: the completer's commits as a task of the send loop, on a connection of their
+  own; a batch that needs Django's ORM is committed on Django's connection.
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
 - ``.give_back``: claimed records given back unsent (a stop, a lost lock, an open circuit, a
   throttle's pause), their attempt with them.
@@ -26,6 +28,7 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.failures``: what a tick that failed on the database reports, and the pause before the next one.
 - ``.flow_control``: the rate limiter (a token bucket) and the circuit breaker.
 - ``.in_flight``: the worker's own cap on calls in flight across its channels.
+- ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for claims or commits.
 - ``.ownership``: whether a send may start: the cycle's lock seen held lately.
 - ``.partitions``: a lane's rows shared by identical workers: a lock per partition, a fair share each.
 - ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.

@@ -14,33 +14,28 @@ A claim that comes back short beside another may only have met the other's locke
 marks a channel exhausted: claims go back to one at a time, and a short claim alone does.
 
 A claim of asynchronous channels alone runs on the :class:`ClaimConnection`, an asynchronous psycopg
-connection the send loop awaits it on: the calls in flight go on while the server claims, on the
-worker's own thread. It is opened with the options of Django's connection to the same alias (TCP
-keepalives, no prepared statements, so a PgBouncer in transaction mode serves it as it serves Django)
-at the first such claim, and kept from tick to tick (a connect costs a tick's first claim tens of
-milliseconds: the lateness of a row that wakes the worker) until the worker closes. A claim that fails
-there is redone on Django's connection (``claim-fallback``), whose fallbacks tell a poison row from an
-outage.
+connection the send loop awaits it on (engine.loop_connection): the calls in flight go on while the
+server claims, on the worker's own thread. A claim that fails there is redone on Django's connection
+(``claim-fallback``), whose fallbacks tell a poison row from an outage.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections
 
-from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions, claim_due_async
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.completer import Commits
+from notifications_retry.engine.loop_connection import LoopConnection
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.exception_chain import first_line
@@ -52,17 +47,8 @@ from notifications_retry.outcomes import ClaimedRecord, Outcome
 SettleOne = Callable[[ChannelRuntime, ClaimedRecord, list[Outcome]], Outcome | None]
 
 
-class ClaimConnection:
-    """Claims awaited on the worker's send loop, on an ``AsyncConnection`` of their own."""
-
-    def __init__(self, loop: SteppedLoop, *, alias: str = DEFAULT_DB_ALIAS) -> None:
-        self.loop = loop
-        self.alias = alias
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    @property
-    def open(self) -> bool:
-        return self._conn is not None and not self._conn.closed
+class ClaimConnection(LoopConnection):
+    """Claims awaited on the worker's send loop, on a connection of their own (engine.loop_connection)."""
 
     def claim(
         self,
@@ -78,8 +64,10 @@ class ClaimConnection:
         partitions: Partitions | None = None,
     ) -> ClaimBatch:
         """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors."""
-        return self.loop.run(
-            self._claim(
+
+        def work(conn: psycopg.AsyncConnection[Any]) -> Awaitable[ClaimBatch]:
+            return claim_due_async(
+                conn,
                 now,
                 plan,
                 total=total,
@@ -90,40 +78,8 @@ class ClaimConnection:
                 max_payload_bytes=max_payload_bytes,
                 partitions=partitions,
             )
-        )
 
-    async def _claim(self, *args: Any, **kwargs: Any) -> ClaimBatch:
-        # A connection kept from an earlier tick that the server closed meanwhile (a restart, an idle
-        # session's timeout) fails on its first statement: the claim is tried once more, on a new one.
-        retry = self.open
-        while True:
-            if self._conn is None or self._conn.closed:
-                self._conn = await psycopg.AsyncConnection.connect(**self._params())
-            try:
-                return await claim_due_async(self._conn, *args, **kwargs)
-            except psycopg.Error as exc:
-                await self._close()  # the next claim starts on a new connection
-                if not retry or not isinstance(exc, psycopg.OperationalError):
-                    raise
-                retry = False
-
-    def _params(self) -> dict[str, Any]:
-        # Settings only (Django opens no connection here): safe to read with the loop running.
-        params = dict(connections[self.alias].get_connection_params())
-        # Django's cursor class is a synchronous one; the client-side binding is the same.
-        params["cursor_factory"] = psycopg.AsyncClientCursor
-        params["autocommit"] = True  # each claim is one explicit transaction
-        return params
-
-    async def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            await conn.close()
-
-    def close(self) -> None:
-        """Close the connection (the worker closes)."""
-        if self._conn is not None:
-            self.loop.run(self._close())
+        return self.loop.run(self.run(work))
 
 
 @dataclasses.dataclass

@@ -7,33 +7,22 @@ dropped: the outcomes stay here and are committed, with backoff, once it is back
 makes a late commit safe (a row another worker took over refuses it as stale); a worker about to
 exit drops, and logs, the outcomes whose lease ran out (:meth:`Completer.drop_expired`).
 
-A running worker commits on a thread and a database connection of its own
-(:class:`ThreadedCompleter`): on the worker's thread a commit (about 30 ms for a batch at high
-concurrency) made every claim behind it wait, so the calls in flight drained while nothing new was
-claimed. The same :class:`Completer` rule (size or delay, backoff through outages) runs there, whose
-Django connection is its own (Django's connections are per thread): claims and commits go to the
-server side by side. What a commit did is handed back to the worker's thread
-(:meth:`ThreadedCompleter.deliver`), which alone counts, logs and signals outcomes, so the tick's
-stats and the reporter need no lock. The worker's thread uses either through the same calls
+A running worker applies the same rule on its send loop, on a connection of its own
+(engine.loop_completer), beside its claims. The worker's thread uses either through the same calls
 (``add``, ``due``, ``commit``, ``wait_hint``, ``wait``, ``deliver``), so the dispatcher does not know
 which one it has.
 """
 
 from __future__ import annotations
 
-import collections
-import threading
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Protocol
 
 import structlog
-from django.db import connection
 
 from notifications_retry.clock import Clock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, finalize
-from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import Outcome
 from notifications_retry.retry import exponential_delay
@@ -74,7 +63,7 @@ class Completer:
     Inline, it runs on the worker's own thread: the scheduling loop asks :meth:`due` and
     :meth:`wait_hint` between its other steps, so sends in flight never wait for a commit, and a
     commit never waits longer than ``max_delay`` for more outcomes. The worker runs the same rule on
-    a thread and a connection of its own (:class:`ThreadedCompleter`) unless it runs inside a
+    its send loop and a connection of its own (engine.loop_completer) unless it runs inside a
     transaction (a test's), where only its own connection sees the rows.
     """
 
@@ -101,7 +90,7 @@ class Completer:
         self._failed_in_a_row = 0
         #: Commit attempts that found the database unreachable (for tests and the tick's stats).
         self.outages = 0
-        #: The logger of the tick under way (the commit thread logs with it; inline, ``commit`` is given it).
+        #: The logger of the tick under way (the loop's commits log with it; inline, ``commit`` is given it).
         self.bound: Any = log
 
     @property
@@ -149,8 +138,7 @@ class Completer:
     def run(self, batch: list[Outcome]) -> FinalizeReport | CommitUnavailable:
         """Commit ``batch``: what was applied, or why the database could not be reached.
 
-        Touches no state of its own, so a commit thread runs it without holding the lock that
-        guards the waiting outcomes.
+        Touches no state of its own.
         """
         try:
             return self._commit(batch, self.clock.now())
@@ -165,7 +153,7 @@ class Completer:
         """Report a commit's result; outcomes it could not write wait again, first in line, with backoff."""
         if isinstance(result, CommitUnavailable):
             self.on_report(result.report)
-            self._pending = [*self._keep_leased(result.pending, self.clock.now(), bound), *self._pending]
+            self._pending = [*self.keep_leased(result.pending, self.clock.now(), bound), *self._pending]
             self.outages += 1
             metrics.OUTCOME_COMMIT_DEFERRED.inc()
             self._failed_in_a_row += 1
@@ -186,7 +174,7 @@ class Completer:
             self._first_at = self.monotonic()
         self.on_report(result)
 
-    def _keep_leased(self, outcomes: list[Outcome], now: datetime, bound: Any) -> list[Outcome]:
+    def keep_leased(self, outcomes: list[Outcome], now: datetime, bound: Any) -> list[Outcome]:
         """Outcomes whose lease still holds; the rest are dropped and logged."""
         kept: list[Outcome] = []
         for outcome in outcomes:
@@ -203,12 +191,16 @@ class Completer:
                 kept.append(outcome)
         return kept
 
+    def put_back(self, batch: list[Outcome]) -> None:
+        """A batch taken but not committed (its commit was cancelled): first in line again."""
+        self._pending = [*batch, *self._pending]
+
     def drop_expired(self, bound: Any) -> None:
         """Forget outcomes whose lease ran out (called while waiting for the database)."""
-        self._pending = self._keep_leased(self._pending, self.clock.now(), bound)
+        self._pending = self.keep_leased(self._pending, self.clock.now(), bound)
 
     # The inline completer commits on its caller's thread, so these have nothing to do beyond
-    # waiting; they exist so that the worker treats it and the commit thread alike.
+    # waiting; they exist so that the worker treats it and the loop's completer alike.
 
     def wait(self, seconds: float, sleep: Callable[[float], None]) -> None:
         """Pause before looking again (a commit is due only by the clock here)."""
@@ -218,7 +210,7 @@ class Completer:
         """Reports are made as each commit ends: nothing is held back."""
 
     def close(self) -> None:
-        """No thread to stop."""
+        """No task to end, no connection of its own."""
 
 
 def commit_in_hand(
@@ -243,147 +235,3 @@ def commit_in_hand(
             completer.drop_expired(bound)
         completer.wait(min(completer.wait_hint(), 0.25), sleep)
     completer.deliver()
-
-
-#: The longest the commit thread sleeps without looking at its state again (a backstop: every
-#: change it waits for also wakes it).
-IDLE_WAKE_SECONDS = 1.0
-#: A thread with nothing to commit for this long ends, closing its connection (the next outcome starts
-#: another): a looping worker between ticks, or one a test forgot to close, holds no idle session.
-IDLE_EXIT_SECONDS = 5.0
-#: How long :meth:`ThreadedCompleter.close` waits for a commit under way.
-CLOSE_TIMEOUT_SECONDS = 10.0
-
-
-class ThreadedCompleter:
-    """Runs a :class:`Completer`'s commits on a daemon thread; reports are delivered on the caller's."""
-
-    def __init__(self, completer: Completer, *, name: str = "notifications-retry-completer") -> None:
-        self._completer = completer
-        self._on_report = completer.on_report
-        self._reports: collections.deque[FinalizeReport] = collections.deque()
-        completer.on_report = self._reports.append  # the thread only queues; deliver() reports
-        self._cond = threading.Condition()
-        self._committing = 0  # outcomes of the batch being committed right now
-        self._flush = False
-        self._error: BaseException | None = None
-        self._name = name
-        # Started by the first outcome (a worker built and never run holds no thread, no connection)
-        # and again after close(): a worker's run() closes it, and a test may run a worker twice.
-        self._thread: threading.Thread | None = None
-
-    # -- what the worker's thread calls ---------------------------------------------------------
-
-    @property
-    def pending(self) -> int:
-        """Outcomes not committed yet, counting the batch being committed."""
-        with self._cond:
-            return self._completer.pending + self._committing
-
-    @property
-    def unavailable(self) -> bool:
-        return self._completer.unavailable
-
-    @property
-    def bound(self) -> Any:
-        """The logger of the tick under way (the completer's): the thread logs outages with its run id."""
-        return self._completer.bound
-
-    @bound.setter
-    def bound(self, value: Any) -> None:
-        self._completer.bound = value
-
-    def add(self, outcomes: Iterable[Outcome]) -> None:
-        new = list(outcomes)
-        if not new:
-            return
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._completer.add(new)
-            self._cond.notify()
-
-    def due(self, *, flush: bool = False) -> bool:
-        """Never true here: the thread commits by itself. ``flush`` asks it to commit what waits now."""
-        self.deliver()
-        if flush:
-            with self._cond:
-                if self._completer.pending and not self._flush:
-                    self._flush = True
-                    self._cond.notify()
-        return False
-
-    def commit(self, bound: Any) -> None:
-        """Nothing to do on the caller's thread (``due`` is never true)."""
-
-    def wait_hint(self) -> float:
-        """How soon the caller should look again: soon while outcomes wait, so they are reported."""
-        return 0.05 if self.pending else 3600.0
-
-    def wait(self, seconds: float, sleep: Callable[[float], None] | None = None) -> None:
-        """Wait up to ``seconds`` for a commit to end (the caller's ``sleep`` is not needed here)."""
-        with self._cond:
-            if self._completer.pending or self._committing:
-                self._cond.wait(seconds)
-        self.deliver()
-
-    def deliver(self) -> None:
-        """Report, on this thread, what the commits since the last call did; raise what broke the thread."""
-        while self._reports:
-            self._on_report(self._reports.popleft())
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def drop_expired(self, bound: Any) -> None:
-        with self._cond:
-            self._completer.drop_expired(bound)
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        """Stop the thread once the commit under way ends; what still waits is the caller's to drain."""
-        with self._cond:
-            thread, self._thread = self._thread, None
-            self._cond.notify_all()
-        if thread is not None:
-            thread.join(CLOSE_TIMEOUT_SECONDS)
-
-    # -- the commit thread ------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        completer, me = self._completer, threading.current_thread()
-        try:
-            while True:
-                with self._cond:
-                    idle_since = time.monotonic()
-                    while not completer.due(flush=self._flush):
-                        if self._thread is not me:
-                            return  # closed
-                        if completer.pending:
-                            idle_since = time.monotonic()
-                        elif time.monotonic() - idle_since >= IDLE_EXIT_SECONDS:
-                            self._thread = None
-                            return
-                        self._cond.wait(min(completer.wait_hint(), IDLE_WAKE_SECONDS))
-                    if self._thread is not me:
-                        return
-                    batch = completer.take()
-                    self._committing = len(batch)
-                    bound = completer.bound
-                try:
-                    if completer.unavailable:
-                        drop_broken_connection()
-                    result = completer.run(batch)
-                except BaseException as exc:  # handed to the worker's thread, as an inline commit would raise
-                    result = None
-                    self._error = exc
-                with self._cond:
-                    self._committing = 0
-                    if isinstance(result, FinalizeReport | CommitUnavailable):
-                        completer.settle(result, bound)
-                    if not completer.pending:
-                        self._flush = False
-                    self._cond.notify_all()
-        finally:
-            connection.close()  # this thread's own connection

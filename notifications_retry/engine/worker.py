@@ -33,10 +33,11 @@ from notifications_retry.engine.bookkeeping import Bookkeeping
 from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection
-from notifications_retry.engine.completer import Commits, Completer, ThreadedCompleter, commit_in_hand
+from notifications_retry.engine.completer import Commits, Completer, commit_in_hand
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
+from notifications_retry.engine.loop_completer import LoopCompleter
 from notifications_retry.engine.partitions import PartitionLock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at, wake_after
@@ -152,7 +153,9 @@ class Worker:
         # Commits and a second claimer run beside the claims, each on a connection of its own — unless
         # this thread is inside a transaction (a test's), whose rows no other connection can see.
         beside = not connection.in_atomic_block
-        self.completer: Commits = ThreadedCompleter(completer) if conf.COMMIT_THREAD and beside else completer
+        self.completer: Commits = (
+            LoopCompleter(completer, self._send_loop) if conf.COMMIT_THREAD and beside else completer
+        )
         #: Where the claims of asynchronous channels run (engine.claiming), kept from tick to tick.
         self.claim_connection = ClaimConnection(self._send_loop) if beside else None
         self.dispatcher = Dispatcher(
@@ -257,7 +260,8 @@ class Worker:
         return True
 
     def close(self) -> None:
-        """Release the lock, providers' connections, the commit thread, the send loop and thread pool."""
+        """Release the lock, the providers', the commits' and the claims' connections, the send loop and
+        the thread pool."""
         self.lock.close()
         self.completer.close()
         self.channels.close()

@@ -30,7 +30,13 @@ LOOP = ["--interval", "0.1", "--batch-size", "40", "--max-duration", "30"]
 SETTINGS = {"LEASE_GRACE_SECONDS": 0.3, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
 RESUME_BOUND = 10.0
 #: What the worker logs when the database goes away (the tick's handler, the lock, the finalize fallback).
-LOGGED_OUTAGE = ("retry-cycle-database-error", "outcomes-commit-deferred", "finalize-fallback")
+LOGGED_OUTAGE = (
+    "retry-cycle-database-error",
+    "outcomes-commit-deferred",
+    "finalize-fallback",
+    "commit-fallback",
+    "loop-connection-replaced",
+)
 
 
 @pytest.fixture

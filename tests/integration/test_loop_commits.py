@@ -1,0 +1,236 @@
+"""The worker commits outcomes on its send loop, on a connection of its own, beside its claims; a batch
+that needs Django's ORM, or whose statements fail there, is committed on Django's connection — and
+everything is inline inside a transaction (a test's), which no other connection could see."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from structlog.testing import capture_logs
+
+from notifications_retry.delivery import FinalizeReport
+from notifications_retry.engine.completer import Completer
+from notifications_retry.engine.loop_completer import LoopCompleter
+from notifications_retry.engine.worker import Worker
+from notifications_retry.models import (
+    CHANNEL_HEALTH_TOPIC,
+    ChannelConfig,
+    ChannelHealthChange,
+    NotificationEntity,
+    Outbox,
+    Suppression,
+)
+from notifications_retry.outcomes import TERMINAL, Outcome
+from tests.conftest import allow_loopback
+from tests.factories import ChannelFactory, NotificationFactory, due_notifications
+from tests.support.http_server import Reply
+from tests.support.records import claimed_record
+
+Status = NotificationEntity.Status
+
+
+def rows(clock, server_url: str, count: int) -> list[NotificationEntity]:
+    channel = ChannelFactory(
+        key="hook", provider_key="webhook", options={"url": server_url}, max_concurrency=4
+    )
+    return due_notifications(clock, channel, count)
+
+
+def own_backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    return int(pid)
+
+
+class Recorder:
+    """Wraps a LoopCompleter's commits on the loop, and its commits on Django's connection."""
+
+    def __init__(self, completer: LoopCompleter) -> None:
+        self.on_loop: list[tuple[str, int, int]] = []  # thread, backend pid, outcomes
+        self.on_django: list[int] = []
+        self._loop_commit = completer._commit_async
+        completer._commit_async = self._commit_on_loop
+        inner = completer._completer
+        self._django_commit = inner._commit
+        inner._commit = self._commit_on_django
+        self.completer = completer
+
+    async def _commit_on_loop(self, batch: list[Outcome], now) -> FinalizeReport:
+        report = await self._loop_commit(batch, now)
+        pid = self.completer._connection._conn.info.backend_pid
+        self.on_loop.append((threading.current_thread().name, pid, len(batch)))
+        return report
+
+    def _commit_on_django(self, batch: list[Outcome], now) -> FinalizeReport:
+        self.on_django.append(len(batch))
+        return self._django_commit(batch, now)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outcomes_are_committed_on_the_loops_own_connection_on_the_workers_thread(webhook_server, clock):
+    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
+    created = rows(clock, webhook_server.url, 12)
+    worker = Worker(batch_size=50, max_duration=30, clock=clock)
+    assert isinstance(worker.completer, LoopCompleter)
+    recorder = Recorder(worker.completer)
+    try:
+        [stats] = worker.run(once=True)
+        own_pid = own_backend_pid()
+    finally:
+        worker.close()
+    assert stats.sent == 12 and stats.processed == 12, "every report reached the tick's stats"
+    assert sum(n for _, _, n in recorder.on_loop) == 12 and recorder.on_django == []
+    assert {name for name, _, _ in recorder.on_loop} == {threading.current_thread().name}
+    assert own_pid not in {pid for _, pid, _ in recorder.on_loop}, "commits ran beside the claims"
+    assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
+    assert Outbox.objects.filter(key__in=[str(r.pk) for r in created]).count() == 12
+    assert not worker.completer._connection.open, "the worker's close closed the commits' connection"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_health_change_is_committed_on_djangos_connection_with_its_batch(webhook_server, clock, settings):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CIRCUIT_FAILURE_THRESHOLD": 10_000}
+    allow_loopback(settings)
+    webhook_server.responder = lambda r: Reply(410, "gone")
+    channel = ChannelFactory(
+        key="hook", provider_key="webhook", options={"url": webhook_server.url}, max_concurrency=1
+    )
+    [row] = due_notifications(clock, channel, 1)
+    worker = Worker(batch_size=50, max_duration=30, clock=clock, rng=random.Random(3))
+    recorder = Recorder(worker.completer)
+    try:
+        worker.run(once=True)
+    finally:
+        worker.close()
+    assert recorder.on_loop == [] and recorder.on_django == [1], "the loop left the batch to Django's"
+    channel.refresh_from_db()
+    assert (channel.health_state, channel.is_enabled) == ("disabled", False)
+    assert ChannelHealthChange.objects.filter(channel=channel, state="disabled").count() == 1
+    assert Outbox.objects.filter(topic=CHANNEL_HEALTH_TOPIC, key="hook").count() == 1
+    row.refresh_from_db()
+    assert row.dead_lettered_at is not None and row.claim_token is None
+    assert Outbox.objects.filter(key=str(row.pk)).count() == 1, "the outcome's event, once"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gone_mailbox_is_suppressed_by_a_commit_on_djangos_connection(clock):
+    channel = ChannelConfig.objects.create(
+        key="mail", provider_key="stub", options={"delay_seconds": 0.001}, timeout_seconds=5
+    )
+    record = NotificationFactory(
+        channel=channel, status=Status.FAILED, attempts=0, recipient="gone@example.com"
+    )
+    worker = Worker(batch_size=50, max_duration=30, clock=clock)
+    completer = worker.completer
+    assert isinstance(completer, LoopCompleter)
+    recorder = Recorder(completer)
+    with connection.cursor() as cursor:  # leased by hand, as a claim leaves it
+        cursor.execute(
+            "UPDATE notifications_retry_notificationentity SET claim_token = gen_random_uuid(), "
+            "claim_expires_at = %s, attempts = 1 WHERE id = %s RETURNING claim_token",
+            [clock.now() + timedelta(minutes=5), record.pk],
+        )
+        (token,) = cursor.fetchone()
+    leased = claimed_record(
+        id=record.pk,
+        channel_id=channel.pk,
+        claim_token=token,
+        attempts=1,
+        recipient="gone@example.com",
+        lease_expires_at=clock.now() + timedelta(minutes=5),
+    )
+    gone = Outcome(
+        leased, TERMINAL, error="SMTP 550 at RCPT TO: 5.1.1 no such user", error_kind="mailbox_unavailable"
+    )
+    try:
+        completer.add([gone])
+        while completer.pending:
+            if completer.due(flush=True):
+                completer.commit(completer.bound)
+            completer.wait(0.05)
+    finally:
+        worker.close()
+    assert recorder.on_loop == [] and recorder.on_django == [1]
+    assert Suppression.objects.filter(address="gone@example.com").exists()
+    record.refresh_from_db()
+    assert record.dead_lettered_at is not None and record.claim_token is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_the_loops_connection_fails_is_committed_on_djangos(webhook_server, clock):
+    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
+    rows(clock, webhook_server.url, 6)
+    worker = Worker(batch_size=50, max_duration=30, clock=clock)
+    recorder = Recorder(worker.completer)
+
+    def wrong_database(self) -> dict:
+        return {**type(self)._params(self), "dbname": "nr_no_such_database"}
+
+    connection_ = worker.completer._connection
+    connection_._params = wrong_database.__get__(connection_)
+    try:
+        with capture_logs() as logs:
+            [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert stats.sent == 6 and recorder.on_loop == [] and sum(recorder.on_django) == 6
+    assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
+    fallbacks = [e for e in logs if e["event"] == "commit-fallback"]
+    assert fallbacks and fallbacks[0]["fallback"] == "django-connection"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_commit_connection_the_server_ended_is_replaced(webhook_server, clock):
+    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
+    channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": webhook_server.url})
+    worker = Worker(batch_size=50, max_duration=30, clock=clock)
+    recorder = Recorder(worker.completer)
+    try:
+        due_notifications(clock, channel, 3)
+        worker.tick()  # not run(): it closes the worker's connections when it returns
+        [(_, first_pid, _)] = recorder.on_loop
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first_pid])
+        due_notifications(clock, channel, 3)
+        with capture_logs() as logs:
+            worker.tick()
+    finally:
+        worker.close()
+    [replaced] = [e for e in logs if e["event"] == "loop-connection-replaced"]
+    assert replaced["connection"] == "commits"
+    assert len(recorder.on_loop) == 2 and recorder.on_django == []
+    assert recorder.on_loop[1][1] != first_pid, "a new connection took the ended one's place"
+    assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
+
+
+@pytest.mark.parametrize(
+    "commit_thread",
+    [
+        pytest.param(True, marks=pytest.mark.django_db, id="inside-a-transaction"),
+        pytest.param(False, marks=pytest.mark.django_db(transaction=True), id="turned-off"),
+    ],
+)
+def test_commits_are_inline_inside_a_transaction_or_when_turned_off(
+    webhook_server, settings, clock, commit_thread
+):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": commit_thread}
+    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
+    rows(clock, webhook_server.url, 3)
+    worker = Worker(batch_size=50, max_duration=30, clock=clock)
+    assert type(worker.completer) is Completer
+    [stats] = worker.run(once=True)
+    assert stats.sent == 3
+    assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
+
+
+@pytest.mark.django_db
+def test_commit_thread_must_be_a_bool(settings):
+    from notifications_retry.conf import get_settings, settings_problems
+
+    settings.NOTIFICATIONS_RETRY = {"COMMIT_THREAD": "yes"}
+    assert any("COMMIT_THREAD must be True or False" in p for p in settings_problems(get_settings()))
