@@ -34,7 +34,7 @@ WALK = [
     "providers/webhook.py",
     "engine/dispatcher.py",
     "engine/feedback.py",
-    "engine/completer.py",
+    "engine/loop_completer.py",
     "delivery/finalize.py",
 ]
 
