@@ -219,7 +219,8 @@ class Dispatcher:
                     if not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values()):
                         break  # every channel is exhausted, paused or open-circuited for now
             elif not calls and queued:
-                self.sleep(min(0.05, self._wait_time(runtimes), completer.wait_hint()))
+                # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).
+                completer.wait(min(0.05, self._wait_time(runtimes), completer.wait_hint()), self.sleep)
 
     def finish_claims(self, bound: Any) -> None:
         """Take in a claim still running on the claim thread, then close that thread's connection."""

@@ -228,3 +228,22 @@ def test_a_stopping_worker_drops_what_its_lease_no_longer_covers_even_for_django
     finally:
         commits.close()
         loop.close()
+
+
+def test_wait_runs_the_loop_while_outcomes_wait_and_sleeps_otherwise(db):
+    # The dispatcher waits through the completer when queued records cannot start yet (a rate slot):
+    # a commit in hand goes on meanwhile, and with nothing in hand the wait is the caller's sleep.
+    reports: list[FinalizeReport] = []
+    commits, loop = make(db, reports, max_delay=0.0)
+    slept: list[float] = []
+    try:
+        commits.wait(0.02, slept.append)
+        assert slept == [0.02] and db.on_loop == []
+        commits.add([outcome(ManualClock())])
+        while not reports:
+            commits.wait(1.0, slept.append)
+        assert slept == [0.02], "a commit in hand ran on the loop instead of a sleep"
+        assert [len(b) for b in db.on_loop] == [1]
+    finally:
+        commits.close()
+        loop.close()
