@@ -6,7 +6,10 @@ wait, so the calls in flight drained while nothing new was claimed. Here the com
 the send loop (:class:`~notifications_retry.asyncio_bridge.SteppedLoop`), awaited on an asynchronous
 psycopg connection of their own (engine.loop_connection): they progress whenever the worker waits
 for its calls, as the sends do, and a commit never waits behind a claim, which has its connection
-too. The same :class:`~.completer.Completer` rule (size or delay, backoff through outages) decides
+too. That connection is opened on the worker's thread, the loop run until it is open, never by the
+task in the background (a half-done connect would hold a restarting server up); a commit that finds
+it closed goes to Django's connection, and the next one opens it again. The same
+:class:`~.completer.Completer` rule (size or delay, backoff through outages) decides
 when; its state is changed on the worker's thread only, inside or between the loop's steps.
 
 A batch the loop's connection cannot commit goes to Django's connection instead, on the worker's
@@ -33,7 +36,7 @@ import psycopg
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, NeedsDjango, finalize_async
 from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.loop_connection import LoopConnection
+from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
 from notifications_retry.exception_chain import first_line
 from notifications_retry.outcomes import Outcome
 
@@ -43,6 +46,8 @@ AsyncCommitter = Callable[[list[Outcome], datetime], Awaitable[FinalizeReport]]
 
 #: How long :meth:`LoopCompleter.close` runs the loop for a commit under way.
 CLOSE_TIMEOUT_SECONDS = 10.0
+#: After a failed connect, Django's connection commits alone this long before the next connect.
+RECONNECT_SECONDS = 1.0
 
 
 class LoopCompleter:
@@ -61,7 +66,10 @@ class LoopCompleter:
         self._reports: collections.deque[FinalizeReport] = collections.deque()
         completer.on_report = self._reports.append  # reported by deliver(), outside the loop's steps
         self._loop = loop
-        self._connection = connection if connection is not None else LoopConnection(loop, role="commits")
+        #: The commits' connection; none when ``commit`` (a test's) brings its own way to the database.
+        self._connection: LoopConnection | None = None
+        if commit is None:
+            self._connection = connection if connection is not None else LoopConnection(loop, role="commits")
         self._commit_async = commit if commit is not None else self._finalize_async
         #: Batches for Django's connection, committed on the worker's thread by commit().
         self._for_django: collections.deque[list[Outcome]] = collections.deque()
@@ -71,6 +79,7 @@ class LoopCompleter:
         self._closing = False
         self._wake: asyncio.Event | None = None
         self._error: BaseException | None = None
+        self._connect_after = 0.0  # monotonic; a failed connect waits RECONNECT_SECONDS
 
     # -- what the worker's thread calls ---------------------------------------------------------
 
@@ -158,8 +167,9 @@ class LoopCompleter:
             if self._task_running:
                 self._nudge()
                 self._loop.run(self._until_idle(CLOSE_TIMEOUT_SECONDS))
-            with contextlib.suppress(psycopg.Error):
-                self._connection.close()
+            if self._connection is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self._connection.close()
         finally:
             self._closing = False
 
@@ -170,8 +180,22 @@ class LoopCompleter:
         if self._wake is not None:
             self._wake.set()
         if not self._task_running and not self._closing and self._completer.pending:
+            self._connect()
             self._task_running = True
             self._loop.spawn([self._commits()])
+
+    def _connect(self) -> None:
+        """Open the commits' connection here, on the loop's owner (engine.loop_connection: never in the
+        background); when it cannot be opened, the task leaves its batches to Django's connection."""
+        monotonic, conn = self._completer.monotonic, self._connection
+        if conn is None or conn.open or monotonic() < self._connect_after:
+            return
+        try:
+            conn.connect()
+        except psycopg.Error as exc:
+            self._connect_after = monotonic() + RECONNECT_SECONDS
+            bound = self._completer.bound
+            bound.warning("commit-fallback", fallback="django-connection", error=first_line(exc))
 
     async def _commits(self) -> None:
         completer = self._completer
@@ -218,7 +242,7 @@ class LoopCompleter:
             return await self._commit_async(batch, self._completer.clock.now())
         except CommitUnavailable as exc:
             return exc
-        except NeedsDjango:
+        except (NeedsDjango, NotConnected):
             return None
         except psycopg.Error as exc:
             # Redone on Django's connection, whose fallbacks tell a refused row from an outage.
@@ -226,7 +250,8 @@ class LoopCompleter:
             return None
 
     async def _finalize_async(self, batch: list[Outcome], now: datetime) -> FinalizeReport:
-        return await self._connection.run(lambda conn: finalize_async(conn, batch, now))
+        assert self._connection is not None  # the default committer's own
+        return await self._connection.run(lambda conn: finalize_async(conn, batch, now), connect=False)
 
     async def _until_idle(self, timeout: float) -> None:
         deadline = asyncio.get_running_loop().time() + timeout

@@ -7,6 +7,13 @@ worker. A kept connection the server closed meanwhile (a restart, an idle sessio
 its first statement: the work is tried once more, on a new one (``loop-connection-replaced``, so an
 operator sees the cut). Any other failure closes it and is raised: the caller redoes the work on
 Django's connection, whose fallbacks tell a refused row from an outage.
+
+A connect must never be left half done while the loop stands still: a server that is shutting down
+(or starting) waits for the half-open session's startup message up to its ``authentication_timeout``
+before it can exit, and the worker's own connects to it time out meanwhile. So work that runs in the
+background of the loop (the commits) never connects: :meth:`connect` opens the connection from the
+loop's owner, running the loop until it is done, and ``run(..., connect=False)`` raises
+:class:`NotConnected` when there is none.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ log = structlog.get_logger("notifications_retry.worker")
 Work = Callable[["psycopg.AsyncConnection[Any]"], Awaitable[_T]]
 
 
+class NotConnected(Exception):
+    """Background work found no open connection (the owner opens it: :meth:`LoopConnection.connect`)."""
+
+
 class LoopConnection:
     """An ``AsyncConnection`` used by tasks of ``loop`` only (its owner's thread): no lock."""
 
@@ -45,12 +56,19 @@ class LoopConnection:
     def open(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
-    async def run(self, work: Work[_T]) -> _T:
-        """``work(connection)``'s result; raises psycopg's errors (the connection closed first)."""
-        retry = self.open
+    async def run(self, work: Work[_T], *, connect: bool = True) -> _T:
+        """``work(connection)``'s result; raises psycopg's errors (the connection closed first).
+
+        ``connect=False``: only on a connection already open, never tried again on a new one
+        (:class:`NotConnected` when there is none).
+        """
+        retry = self.open and connect
         while True:
             if self._conn is None or self._conn.closed:
-                self._conn = await psycopg.AsyncConnection.connect(**self._params())
+                if not connect:
+                    raise NotConnected(f"no {self.role} connection open")
+                await self._connect()
+            assert self._conn is not None
             try:
                 return await work(self._conn)
             except psycopg.Error as exc:
@@ -59,6 +77,14 @@ class LoopConnection:
                     raise
                 retry = False
                 log.warning("loop-connection-replaced", connection=self.role, error=first_line(exc))
+
+    def connect(self) -> None:
+        """Open the connection if it is not, running the loop until it is (raises psycopg's errors)."""
+        if not self.open:
+            self.loop.run(self._connect())
+
+    async def _connect(self) -> None:
+        self._conn = await psycopg.AsyncConnection.connect(**self._params())
 
     def _params(self) -> dict[str, Any]:
         # Settings only (Django opens no connection here): safe to read with the loop running.
@@ -79,4 +105,4 @@ class LoopConnection:
             self.loop.run(self.aclose())
 
 
-__all__ = ["LoopConnection"]
+__all__ = ["LoopConnection", "NotConnected"]

@@ -4,10 +4,12 @@ everything is inline inside a transaction (a test's), which no other connection 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import connection
 from structlog.testing import capture_logs
@@ -185,11 +187,23 @@ def test_a_batch_the_loops_connection_fails_is_committed_on_djangos(webhook_serv
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_kept_commit_connection_the_server_ended_is_replaced(webhook_server, clock):
+def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_by_the_task(
+    webhook_server, clock, monkeypatch
+):
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": webhook_server.url})
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
     recorder = Recorder(worker.completer)
+    connects: list[str] = []
+    real_connect = psycopg.AsyncConnection.connect
+
+    async def recording_connect(*args, **kwargs):
+        # A connect left half done while the loop stands still holds a restarting server up: the
+        # commits' task must never be the one connecting.
+        connects.append(asyncio.current_task().get_coro().__qualname__)
+        return await real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", recording_connect)
     try:
         due_notifications(clock, channel, 3)
         worker.tick()  # not run(): it closes the worker's connections when it returns
@@ -198,13 +212,16 @@ def test_a_kept_commit_connection_the_server_ended_is_replaced(webhook_server, c
             cursor.execute("SELECT pg_terminate_backend(%s)", [first_pid])
         due_notifications(clock, channel, 3)
         with capture_logs() as logs:
-            worker.tick()
+            worker.tick()  # its commit finds the connection ended: Django's connection commits it
+        due_notifications(clock, channel, 3)
+        worker.tick()
     finally:
         worker.close()
-    [replaced] = [e for e in logs if e["event"] == "loop-connection-replaced"]
-    assert replaced["connection"] == "commits"
-    assert len(recorder.on_loop) == 2 and recorder.on_django == []
+    [fallback] = [e for e in logs if e["event"] == "commit-fallback"]
+    assert fallback["fallback"] == "django-connection"
+    assert sum(recorder.on_django) == 3 and len(recorder.on_loop) == 2
     assert recorder.on_loop[1][1] != first_pid, "a new connection took the ended one's place"
+    assert connects and "LoopCompleter._commits" not in connects, connects
     assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
 
 
