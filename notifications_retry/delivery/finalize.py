@@ -27,7 +27,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from notifications_retry import events
 from notifications_retry.delivery import health
 from notifications_retry.delivery.session import BOUND_SQL, bound_params, bound_transaction
-from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_steps_async
+from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
 from notifications_retry.delivery.suppression import gone_mailboxes, suppress_gone_mailboxes
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
@@ -283,17 +283,14 @@ def commit_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Outco
 async def finalize_async(
     conn: psycopg.AsyncConnection[Any], outcomes: Sequence[Outcome], now: datetime
 ) -> FinalizeReport:
-    """Apply outcomes under their claim tokens in one transaction on ``conn`` (autocommit off is not
-    needed: the transaction is explicit). Raises :class:`NeedsDjango` or psycopg's errors, the
+    """Apply outcomes under their claim tokens in one transaction on ``conn`` (in autocommit mode: the
+    transaction is explicit, delivery.statements). Raises :class:`NeedsDjango` or psycopg's errors, the
     transaction rolled back: the caller commits the batch by :func:`finalize` instead."""
     outcomes = list(outcomes)
     report = FinalizeReport()
     if not outcomes:
         return report
-    async with conn.transaction(), conn.cursor() as cursor:
-        applied = await run_steps_async(commit_steps(outcomes, now), cursor)
-        if BEFORE_COMMIT is not None:
-            BEFORE_COMMIT()
+    applied = await run_transaction_async(conn, commit_steps(outcomes, now), before_commit=BEFORE_COMMIT)
     _sort(report, outcomes, applied)
     return report
 

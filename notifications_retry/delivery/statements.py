@@ -1,18 +1,26 @@
 """A transaction's statements as data, run by either driver: Django's cursor or an asynchronous psycopg one.
 
-A step function is a generator: it yields a :class:`Statement`, receives its rows (or, for a
-statement that returns none, its row count), and returns what the transaction produced. The SQL and
-the Python between the statements are written once; :func:`run_steps` runs them on the worker's
-Django connection, :func:`run_steps_async` on an ``AsyncConnection`` the send loop awaits (the claim
-of asynchronous channels, engine.claim_connection), so the loop goes on with the calls in flight
-while the server works.
+A step function is a generator: it yields a :class:`Statement`, receives its rows (None for a
+statement whose rows are not read), and returns what the transaction produced. The SQL and the Python
+between the statements are written once; :func:`run_steps` runs them on the worker's Django
+connection, :func:`run_transaction_async` as a transaction of their own on an ``AsyncConnection`` the
+send loop awaits (the worker's claims and commits, engine.loop_connection), so the loop goes on with
+the calls in flight while the server works.
+
+There a round trip is dear: each one waits for a turn of a loop busy with the calls' answers. So the
+statements travel in as few messages as their answers allow: the ``BEGIN``, and every statement whose
+rows are not read, go with the next statement whose rows are, and the last of them with the
+``COMMIT``. A commit (``BEGIN``, the bound, the outcomes; their events, the health window;
+``COMMIT``) is three messages where it was seven statements each waiting for its own answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, TypeVar
+
+import psycopg
 
 _T = TypeVar("_T")
 
@@ -26,7 +34,7 @@ class Statement:
     rows: bool = True
 
 
-#: What a step function yields and receives: rows (a list of tuples) or a row count.
+#: What a step function yields and receives: rows (a list of tuples), or None when they are not read.
 Steps = Generator[Statement, Any, _T]
 
 
@@ -39,19 +47,54 @@ def run_steps(steps: Steps[_T], cursor: Any) -> _T:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         cursor.execute(statement.sql, statement.params)
-        answer = cursor.fetchall() if statement.rows else cursor.rowcount
+        answer = cursor.fetchall() if statement.rows else None
 
 
-async def run_steps_async(steps: Steps[_T], cursor: Any) -> _T:
-    """Run ``steps`` on an asynchronous psycopg cursor; the caller holds the transaction."""
+async def run_transaction_async(
+    conn: Any, steps: Steps[_T], *, before_commit: Callable[[], None] | None = None
+) -> _T:
+    """Run ``steps`` as one transaction on ``conn``, an asynchronous psycopg connection in autocommit
+    mode whose cursors bind parameters on the client (``AsyncClientCursor``: each statement is
+    rendered with its own parameters, and several go in one message). ``before_commit`` is called
+    once every statement whose rows are read has run, before the rest and the ``COMMIT`` are sent.
+
+    Raises what the statements (or ``steps``) raised, the transaction rolled back; a connection left
+    inside a transaction it cannot end (cancelled mid-way) is closed, so its next use cannot inherit it.
+    """
+    held: list[str] = ["BEGIN"]
     answer: Any = None
-    while True:
-        try:
-            statement = steps.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        await cursor.execute(statement.sql, statement.params)
-        answer = await cursor.fetchall() if statement.rows else cursor.rowcount
+    try:
+        async with conn.cursor() as cursor:
+            while True:
+                try:
+                    statement = steps.send(answer)
+                except StopIteration as done:
+                    if before_commit is not None:
+                        before_commit()
+                    await cursor.execute("; ".join([*held, "COMMIT"]))
+                    return done.value  # type: ignore[no-any-return]
+                held.append(cursor.mogrify(statement.sql, statement.params))
+                answer = None
+                if statement.rows:
+                    await cursor.execute("; ".join(held))
+                    held = []
+                    while cursor.nextset():  # the answer is the last statement's
+                        pass
+                    answer = await cursor.fetchall()
+    except BaseException:
+        await _end(conn)
+        raise
 
 
-__all__ = ["Statement", "Steps", "run_steps", "run_steps_async"]
+async def _end(conn: Any) -> None:
+    """After a failure: roll back what is open, or close a connection that cannot be rolled back."""
+    if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return
+    try:
+        await conn.rollback()
+    except BaseException:
+        await conn.close()
+        raise
+
+
+__all__ = ["Statement", "Steps", "run_steps", "run_transaction_async"]
