@@ -43,7 +43,7 @@ from notifications_retry.delivery.claim_statements import (
     claim_query,
 )
 from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
-from notifications_retry.delivery.session import BOUND_SQL, bound_params, bound_transaction
+from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
 from notifications_retry.delivery.suppression import suppressed_steps
 from notifications_retry.exception_chain import first_line
@@ -168,13 +168,7 @@ async def claim_due_async(
         partitions,
         server_version=conn.info.server_version,
     )
-    return await run_transaction_async(conn, _bound(claim.steps(plan, total, None)))
-
-
-def _bound(steps: Steps[ClaimBatch]) -> Steps[ClaimBatch]:
-    """The claim's steps after the transaction's bound (delivery.session)."""
-    yield Statement(BOUND_SQL, bound_params(), rows=False)
-    return (yield from steps)
+    return await run_transaction_async(conn, bounded(claim.steps(plan, total, None)))
 
 
 class _Claim:

@@ -26,7 +26,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from notifications_retry import events
 from notifications_retry.delivery import health
-from notifications_retry.delivery.session import BOUND_SQL, bound_params, bound_transaction
+from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
 from notifications_retry.delivery.suppression import gone_mailboxes, suppress_gone_mailboxes
 from notifications_retry.exception_chain import first_line
@@ -268,12 +268,11 @@ class NeedsDjango(Exception):
 
 
 def commit_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Outcome]]:
-    """A bulk finalize's transaction as statements: the bound, the outcomes and their events, the
-    endpoint health window; returns the outcomes applied. Raises :class:`NeedsDjango` (the
+    """A bulk finalize's statements: the outcomes and their events, the endpoint health window;
+    returns the outcomes applied. Raises :class:`NeedsDjango` (the
     transaction then rolls back) where Django's ORM has to write: a suppression, a health change."""
     if gone_mailboxes(outcomes):
         raise NeedsDjango("a gone mailbox is suppressed through Django's ORM")
-    yield Statement(BOUND_SQL, bound_params(), rows=False)
     applied = yield from outcome_steps(outcomes, now, guarded=True)
     if (yield from health.window_steps(applied, now)):
         raise NeedsDjango("an endpoint's health change is written through Django's ORM")
@@ -290,7 +289,8 @@ async def finalize_async(
     report = FinalizeReport()
     if not outcomes:
         return report
-    applied = await run_transaction_async(conn, commit_steps(outcomes, now), before_commit=BEFORE_COMMIT)
+    steps = bounded(commit_steps(outcomes, now))
+    applied = await run_transaction_async(conn, steps, before_commit=BEFORE_COMMIT)
     _sort(report, outcomes, applied)
     return report
 

@@ -11,11 +11,12 @@ transaction itself: a connection pool or PgBouncer hands the session on with its
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, connections
 
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.statements import Statement, Steps
 from notifications_retry.tcp_settings import TCP_SETTINGS
 
 
@@ -55,6 +56,15 @@ def bound_transaction(cursor: Any) -> None:
 def bound_params() -> dict[str, str]:
     """The parameters of :data:`BOUND_SQL`: the bound, from ``TRANSACTION_TIMEOUT_SECONDS``."""
     return {"ms": f"{int(get_settings().TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"}
+
+
+_T = TypeVar("_T")
+
+
+def bounded(steps: Steps[_T]) -> Steps[_T]:
+    """``steps`` (delivery.statements) after the statement that bounds their transaction."""
+    yield Statement(BOUND_SQL, bound_params(), rows=False)
+    return (yield from steps)
 
 
 def drop_broken_connection() -> None:

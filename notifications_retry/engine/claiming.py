@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
@@ -50,34 +50,14 @@ SettleOne = Callable[[ChannelRuntime, ClaimedRecord, list[Outcome]], Outcome | N
 class ClaimConnection(LoopConnection):
     """Claims awaited on the worker's send loop, on a connection of their own (engine.loop_connection)."""
 
-    def claim(
-        self,
-        now: Any,
-        plan: Sequence[ChannelClaim],
-        *,
-        total: int,
-        budgets: Mapping[int, tuple[int, str]],
-        attempts_by_type: Mapping[str, int] | None,
-        priorities: Sequence[int] | None,
-        skip: Collection[Any],
-        max_payload_bytes: int,
-        partitions: Partitions | None = None,
-    ) -> ClaimBatch:
-        """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors."""
+    def claim(self, now: Any, plan: Sequence[ChannelClaim], **options: Any) -> ClaimBatch:
+        """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors.
+
+        ``options``: :func:`~notifications_retry.delivery.claim_due_async`'s own.
+        """
 
         def work(conn: psycopg.AsyncConnection[Any]) -> Awaitable[ClaimBatch]:
-            return claim_due_async(
-                conn,
-                now,
-                plan,
-                total=total,
-                budgets=budgets,
-                attempts_by_type=attempts_by_type,
-                priorities=priorities,
-                skip=skip,
-                max_payload_bytes=max_payload_bytes,
-                partitions=partitions,
-            )
+            return claim_due_async(conn, now, plan, **options)
 
         return self.loop.run(self.run(work))
 
