@@ -59,42 +59,60 @@ REQUEUE_AUDITED_SQL = """
 # a new event must not repeat the outcome of one of those (their partial unique index serves the
 # lookup, and no new row can enter it).
 # One check per INSERT statement over its transition table (a join of the new events to their
-# notifications), not a lookup per row: the worker inserts its events a batch at a time.
-OUTBOX_MATCHES_OUTCOME_SQL = """
+# notifications, each event's key read as an id once), not a lookup per row: the worker inserts its
+# events a batch at a time.
+
+#: The first new event (the transition table ``new_events``) whose outcome an event from before
+#: migration 0008 announced already. LATERAL with LIMIT keeps it a nested loop over the new events,
+#: each step a probe of the partial index of those older events: as a semi-join, a cached plan could
+#: hash the whole outbox for every insert (tests/integration/test_event_ids.py reads the plan).
+LEGACY_EVENT_OF_NEW_EVENTS_SQL = """
+                SELECT o.event_id, o.key, o.generation
+                FROM new_events o
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM notifications_retry_outbox l
+                    WHERE l.topic = o.topic AND l.key = o.key AND l.generation = o.generation
+                      AND NOT (l.event_id = nr_outbox_event_id(l.topic, l.key, l.generation))
+                    LIMIT 1
+                ) older
+                LIMIT 1"""
+
+OUTBOX_MATCHES_OUTCOME_SQL = (
+    """
         SELECT * INTO bad FROM (
             SELECT o.event_id, o.topic, o.key, o.generation, o.published_at,
                    o.payload->>'status' AS event_status, o.payload->>'notification_id' AS notification_id,
                    n.id IS NOT NULL AS found, n.status AS n_status, n.dead_lettered_at IS NOT NULL AS dead,
                    n.requeue_count AS n_generation,
                    (o.topic = 'pin.notifications.dispatched.v1' AND (
-                        o.key !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                        o.key_id IS NULL
                         OR o.payload->>'notification_id' IS DISTINCT FROM o.key
                         OR n.id IS NULL OR n.requeue_count <> o.generation
                         OR NOT ((n.status = 'sent' AND o.payload->>'status' = 'Sent')
                                 OR (n.status = 'failed' AND n.dead_lettered_at IS NOT NULL
                                     AND o.payload->>'status' = 'Failed')))) IS TRUE AS mismatch,
                    o.event_id IS DISTINCT FROM nr_outbox_event_id(o.topic, o.key, o.generation) AS underived
-            FROM new_events o
-            LEFT JOIN notifications_retry_notificationentity n
-              ON o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-             AND n.id = (CASE WHEN o.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                              THEN o.key END)::uuid
+            -- The key read as a notification id once per event (OFFSET 0 keeps the subquery whole, so
+            -- the pattern is not matched again for the join and for the mismatch).
+            FROM (SELECT e.*,
+                         CASE WHEN e.key ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                              THEN e.key::uuid END AS key_id
+                  FROM new_events e OFFSET 0) o
+            LEFT JOIN notifications_retry_notificationentity n ON n.id = o.key_id
         ) checked
         WHERE published_at IS NOT NULL OR mismatch OR underived
         LIMIT 1;
         IF NOT FOUND THEN
-            -- An outcome announced by an event older than derived ids (migration 0008): looked up row
-            -- by row, a query the planner serves from the partial index of those events. As one
-            -- correlated subquery of the statement above, the trigger's cached plan could scan the
-            -- whole outbox for every insert (and did, making each commit slower as the outbox grew).
-            FOR one IN SELECT o.event_id, o.topic, o.key, o.generation FROM new_events o LOOP
-                IF EXISTS (SELECT 1 FROM notifications_retry_outbox l
-                           WHERE l.topic = one.topic AND l.key = one.key AND l.generation = one.generation
-                             AND NOT (l.event_id = nr_outbox_event_id(l.topic, l.key, l.generation))) THEN
-                    RAISE EXCEPTION 'outbox event %: an event for % generation % exists already',
-                        one.event_id, one.key, one.generation USING ERRCODE = 'unique_violation';
-                END IF;
-            END LOOP;
+            -- A new event repeating the outcome of an event from before migration 0008.
+            SELECT * INTO one FROM (
+"""
+    + LEGACY_EVENT_OF_NEW_EVENTS_SQL
+    + """
+            ) legacy;
+            IF FOUND THEN
+                RAISE EXCEPTION 'outbox event %: an event for % generation % exists already',
+                    one.event_id, one.key, one.generation USING ERRCODE = 'unique_violation';
+            END IF;
             RETURN NULL;
         END IF;
         IF bad.published_at IS NOT NULL THEN
@@ -117,6 +135,7 @@ OUTBOX_MATCHES_OUTCOME_SQL = """
             bad.event_id, nr_outbox_event_id(bad.topic, bad.key, bad.generation)
             USING ERRCODE = 'check_violation';
 """
+)
 
 
 #: The channel a looping worker LISTENs on (engine.wakeup): a row became due sooner, or a channel changed.

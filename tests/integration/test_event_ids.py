@@ -17,6 +17,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from notifications_retry import events
+from notifications_retry.db_rules import LEGACY_EVENT_OF_NEW_EVENTS_SQL
 from notifications_retry.engine.worker import Worker
 from notifications_retry.event_ids import NAMESPACE, outbox_event_id
 from notifications_retry.models import DISPATCHED_TOPIC, NotificationEntity, Outbox
@@ -175,3 +176,33 @@ def test_new_events_stay_out_of_the_legacy_index_and_its_lookup_uses_it(clock):
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "nr_outbox_one_legacy_event_per_outcome" in plan, plan
+
+
+@pytest.mark.parametrize("outbox_rows", [0, 2000])
+def test_the_triggers_lookup_of_older_events_probes_their_index_once_per_new_event(outbox_rows):
+    """The statement the insert trigger runs over its new events, planned against an outbox empty or
+    not: a nested loop whose inner side is the older events' partial index, never a scan or a hash of
+    the outbox (which would grow every commit with the outbox)."""
+    record = NotificationFactory(channel=ChannelFactory(key="in_app"), status=Status.SENT, attempts=1)
+    with connection.cursor() as cursor:
+        if outbox_rows:
+            cursor.execute(f"ALTER TABLE {OUTBOX} DISABLE TRIGGER USER")
+            cursor.execute(
+                f"INSERT INTO {OUTBOX} (event_id, topic, key, contract_version, generation, payload, "
+                "created_at) SELECT nr_outbox_event_id(%s, %s, g), %s, %s, 1, g, '{}', now() "
+                "FROM generate_series(1, %s) g",
+                [DISPATCHED_TOPIC, str(record.pk), DISPATCHED_TOPIC, str(record.pk), outbox_rows],
+            )
+            cursor.execute(f"ALTER TABLE {OUTBOX} ENABLE TRIGGER USER")
+            cursor.execute(f"ANALYZE {OUTBOX}")
+        cursor.execute(f"CREATE TEMP TABLE new_events ON COMMIT DROP AS SELECT * FROM {OUTBOX} LIMIT 0")
+        cursor.execute(
+            "INSERT INTO new_events (id, event_id, topic, key, contract_version, generation, payload, "
+            "created_at) SELECT g, gen_random_uuid(), %s, %s, 1, 0, '{}', now() "
+            "FROM generate_series(1, 200) g",
+            [DISPATCHED_TOPIC, str(record.pk)],
+        )
+        cursor.execute("EXPLAIN " + LEGACY_EVENT_OF_NEW_EVENTS_SQL)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Nested Loop" in plan and "nr_outbox_one_legacy_event_per_outcome" in plan, plan
+    assert "Hash" not in plan and f"Seq Scan on {OUTBOX}" not in plan, plan
