@@ -1,17 +1,15 @@
 """The dispatcher: one tick's scheduling loop — claim what can start soon, start sends, hand outcomes on.
 
 One thread owns the tick: the worker's. It claims (engine.claiming), runs inline providers, and hands
-outcomes to the completer (engine.completer commits them on a thread and connection of its own). The calls
-of the other providers are tasks of the worker's send loop (``asyncio_bridge.SteppedLoop``), which
-this same thread runs whenever it waits: for a finished call, for a rate slot, for the completer. A
-finished call feeds its channel's flow control and starts the channel's next queued record itself,
-within that step, so a slot does not wait for the next pass of the loop; its outcome is handed over
-in :attr:`Dispatcher.done`. A channel's state (capacity, rate limiter, circuit) is thus changed on
-one thread only. The one lock left, :attr:`Dispatcher.settle_lock`, guards the inline channels,
-whose records a second claim settles on the claim thread (engine.claim_thread). Records a channel
-can no longer send (its circuit opened, the provider asked it to wait) are given back (their attempt
-with them; after a throttle, due again when the pause ends) — unless the channel has a fallback that
-can take them (engine.failover).
+outcomes to the completer (engine.loop_completer commits them on a connection of its own). The other
+providers' calls, the claims and the commits are tasks of the worker's send loop (``SteppedLoop``),
+which this thread runs whenever it waits. A finished call feeds its channel's flow control and starts
+the channel's next queued record itself, within that step; its outcome is handed over in
+:attr:`Dispatcher.done`. A channel's state (capacity, rate limiter, circuit) is thus changed on one
+thread only. The one lock left, :attr:`Dispatcher.settle_lock`, guards the inline channels, whose
+records a second claim settles on the claim thread (engine.claim_thread). Records a channel can no
+longer send (its circuit opened, the provider asked it to wait) are given back (after a throttle, due
+again when the pause ends) — unless the channel has a fallback that can take them (engine.failover).
 """
 
 from __future__ import annotations
