@@ -7,7 +7,9 @@ package) is started in ``./.pgdata`` so a newcomer needs no server to try the ap
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,15 +131,39 @@ _shared_processors: list[Any] = [
     # Recipients, tokens and bodies are masked before any renderer sees them.
     *notifications_retry.observability.logging.processors(),
 ]
-structlog.configure(
-    processors=[
-        *_shared_processors,
-        structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-    ],
-    logger_factory=structlog.stdlib.LoggerFactory(),
-    wrapper_class=structlog.stdlib.BoundLogger,
-    cache_logger_on_first_use=True,
+_LOG_LEVEL = os.environ.get("NR_LOG_LEVEL", "INFO")
+_renderer: Any = (
+    structlog.processors.JSONRenderer()
+    if LOG_FORMAT == "json"
+    else structlog.dev.ConsoleRenderer(colors=False)
 )
+if "retry_worker" in sys.argv:
+    # A worker logs one event per record: structlog writes its lines itself (same masking, same
+    # renderer, same stream as the handler below) instead of routing each through the stdlib logging
+    # module (docs/observability.md, "Logging in retry_worker processes"). Django's and psycopg's own
+    # records still go through LOGGING.
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *notifications_retry.observability.logging.processors(),
+            _renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(_LOG_LEVEL)),
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+else:
+    structlog.configure(
+        processors=[
+            *_shared_processors,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -147,9 +173,7 @@ LOGGING = {
             "processors": [
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
-                structlog.processors.JSONRenderer()
-                if LOG_FORMAT == "json"
-                else structlog.dev.ConsoleRenderer(colors=False),
+                _renderer,
             ],
             "foreign_pre_chain": _shared_processors,
         },
@@ -157,6 +181,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
     "loggers": {
-        "notifications_retry": {"level": os.environ.get("NR_LOG_LEVEL", "INFO"), "propagate": True},
+        "notifications_retry": {"level": _LOG_LEVEL, "propagate": True},
     },
 }

@@ -157,3 +157,45 @@ def test_the_partitions_come_from_the_environment() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     started = [line for line in (result.stdout + result.stderr).splitlines() if "retry-cycle-started" in line]
     assert started and "[0, 1, 2]" in started[0], result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_the_workers_events_are_written_by_structlog_itself_with_the_same_masking(log_format: str) -> None:
+    """A worker process of the example project writes its per-record events without the stdlib logging
+    module (docs/observability.md), in the format LOG_FORMAT names, recipients masked, on stderr."""
+    ChannelFactory(key="in_app")
+    api.schedule_notification(
+        channel="in_app", recipient="ann@example.com", payload={"body": "hi"}, send_at=timezone.now()
+    )
+    result = example("retry_worker", "--once", env={"LOG_FORMAT": log_format})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if "item-sent" in line]
+    assert len(lines) == 1, result.stderr
+    assert "ann@example.com" not in result.stderr
+    if log_format == "json":
+        event = json.loads(lines[0])
+        assert event["event"] == "item-sent" and event["level"] == "info" and event["channel"] == "in_app"
+        assert event["notification_id"] == str(NotificationEntity.objects.get().id)
+    else:
+        assert "[info" in lines[0] and "channel=in_app" in lines[0]
+    assert NotificationEntity.objects.get().status == NotificationEntity.Status.SENT
+
+
+@pytest.mark.parametrize(
+    ("argv", "factory"), [("retry_worker", "WriteLoggerFactory"), ("runserver", "LoggerFactory")]
+)
+def test_only_a_worker_process_leaves_the_stdlib_logging_route(argv: str, factory: str) -> None:
+    probe = (
+        f"import sys; sys.argv = ['manage.py', {argv!r}]; import example_project.settings; "
+        "import structlog; print(type(structlog.get_config()['logger_factory']).__name__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == factory
