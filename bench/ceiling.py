@@ -63,7 +63,7 @@ def _own_table(rows: int, cid: int) -> Cost:
 
 #: The inline drain's worker, by log pipeline: structlog writing its events itself is what
 #: docs/observability.md recommends for retry_worker processes (the target is checked on it, as in the
-#: latency-bound drain); through the stdlib logging module is the example project's configuration.
+#: latency-bound drain); through the stdlib logging module is what the example project's web processes do.
 WORKER_INLINE = "worker (stub), inline"
 WORKER_INLINE_STDLIB = "worker (stub), inline, stdlib logging"
 

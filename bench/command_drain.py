@@ -2,8 +2,8 @@
 example project's settings (its logging, its connection options), on the ``stub`` provider.
 
 The in-process drains of :mod:`bench.ceiling` leave out what a user's command pays: the interpreter and
-Django starting, the example project's structlog pipeline (through the stdlib ``logging`` module, to a
-terminal or a file) and the process's exit. Here the command's wall time, from the spawn to the exit,
+Django starting, the example project's log pipeline (for a worker, structlog writing its lines itself to
+stderr, here a pipe) and the process's exit. Here the command's wall time, from the spawn to the exit,
 is set against the lean raw-SQL drain (:mod:`bench.lean`) on the same server, interleaved over the
 rounds, so drift on a shared machine hits both alike. The same command on an empty backlog gives what
 the process costs before and after its tick.

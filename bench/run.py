@@ -111,8 +111,8 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
         "Each concurrency: the bare aiohttp client alone against the same receiver (the ceiling: no\n"
         "database, no scheduling, no logging), then the worker with log events written by structlog\n"
         "itself (what docs/observability.md recommends for retry_worker processes; the target is\n"
-        "checked on it), then routed through the stdlib logging module (the example project's\n"
-        "configuration), to show what that costs."
+        "checked on it, and what the example project's workers do), then routed through the stdlib\n"
+        "logging module, to show what that costs."
     )
     for conc in args.concurrency:
         rows = args.latency_rows or max(3000, 300 * conc)

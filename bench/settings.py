@@ -79,7 +79,7 @@ LOG_LEVEL = os.environ.get("NR_BENCH_LOG_LEVEL", "INFO")
 def configure_logging(pipeline: str) -> None:
     """Route structlog events through the stdlib ``logging`` module, or write them directly.
 
-    ``stdlib``: the example project's configuration (ProcessorFormatter, JSON, a FileHandler).
+    ``stdlib``: the example project's route for processes other than workers (ProcessorFormatter, JSON).
     ``native``: what docs/observability.md recommends for ``retry_worker`` processes: structlog's
     filtering bound logger writing JSON lines itself. Loggers are not cached, so the benchmark can
     switch between drains (the worker binds its logger once a tick).
