@@ -30,7 +30,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.in_flight``: the worker's own cap on calls in flight across its channels.
 - ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for claims or commits.
 - ``.ownership``: whether a send may start: the cycle's lock seen held lately.
-- ``.partitions``: a lane's rows shared by identical workers: a lock per partition, a fair share each.
+- ``.partitions``: the lock a lane's worker ticks under; with ``PARTITIONS`` > 1, a lane's rows shared by
+  identical workers: a lock per partition, a fair share each.
 - ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.
 - ``.reporting``: a tick's stats, and the metrics, log events and signal of each committed outcome.
 """

@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from notifications_retry.lanes import DEFAULT_LANE
 from notifications_retry.locks import AdvisoryLock, LockNotDirect
 
 #: Between ticks, how often a worker short of its fair share tries again to take free partitions.
@@ -64,6 +65,20 @@ def presence_name(base: str) -> str:
 def fair_share(partitions: int, workers: int) -> int:
     """The most partitions one of ``workers`` live workers may hold: ``ceil(partitions / workers)``."""
     return math.ceil(partitions / max(1, workers))
+
+
+def lane_lock(conf: Any, lane: str, rng: Any) -> AdvisoryLock:
+    """The lock a worker of ``lane`` ticks under. One partition: the lane's one lock, exactly as a
+    single worker always had it. More: a lock per partition, and workers share the lane's rows by
+    partition (``rng`` picks the partition a worker tries first, so workers starting together spread)."""
+    name = conf.LOCK_KEY if lane == DEFAULT_LANE else f"{conf.LOCK_KEY}:{lane}"
+    options = {
+        "using": conf.LOCK_DATABASE_ALIAS,
+        "idle_session_timeout": conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+    }
+    if conf.PARTITIONS == 1:
+        return AdvisoryLock(name, **options)
+    return PartitionLock(name, partitions=conf.PARTITIONS, first=rng.randrange(conf.PARTITIONS), **options)
 
 
 class PartitionLock(AdvisoryLock):

@@ -1,10 +1,10 @@
 """The retry worker: runs ticks under an advisory lock, stops gracefully, keeps its heartbeat.
 
-Plain Python: the management command only parses options. Tests call :class:`Worker` directly with
-an injected clock (wall time for due decisions), ``monotonic`` (pacing and deadlines) and ``rng``
-(backoff jitter). What a tick does is the :class:`~.dispatcher.Dispatcher`'s; how one record is
-sent is the :class:`~.executor.Executor`'s; how outcomes are committed is the
-:class:`~.completer.Completer`'s.
+Plain Python: the management command only parses options and runs one. Tests call :class:`Worker`
+directly with an injected clock (wall time for due decisions), ``monotonic`` (pacing and deadlines) and
+``rng`` (backoff jitter). What a tick does is the :class:`~.dispatcher.Dispatcher`'s; how one record
+is sent is the :class:`~.executor.Executor`'s; how outcomes are committed is the
+:class:`~.completer.Completer`'s; which lock a worker ticks under, :func:`~.partitions.lane_lock`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -38,11 +38,10 @@ from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.loop_completer import LoopCompleter
-from notifications_retry.engine.partitions import PartitionLock
+from notifications_retry.engine.partitions import PartitionLock, lane_lock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at, wake_after
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.observability import metrics, tracing
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
 
@@ -93,24 +92,7 @@ class Worker:
         self.rng = rng or random.Random()
         self.monotonic = monotonic
         self._sleep = sleep
-        lock_name = conf.LOCK_KEY if self.lane == DEFAULT_LANE else f"{conf.LOCK_KEY}:{self.lane}"
-        # One partition: the lane's one lock, exactly as a single worker always had it. More: a lock per
-        # partition (engine.partitions), and workers share the lane's rows by partition.
-        self.lock = (
-            AdvisoryLock(
-                lock_name,
-                using=conf.LOCK_DATABASE_ALIAS,
-                idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
-            )
-            if conf.PARTITIONS == 1
-            else PartitionLock(
-                lock_name,
-                partitions=conf.PARTITIONS,
-                using=conf.LOCK_DATABASE_ALIAS,
-                idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
-                first=self.rng.randrange(conf.PARTITIONS),
-            )
-        )
+        self.lock = lane_lock(conf, self.lane, self.rng)
         #: This process's own heartbeat on disk, for a pod's liveness probe (observability.heartbeat_file).
         self.heartbeat = HeartbeatFile(heartbeat_file, lane=self.lane) if heartbeat_file else None
         self.wall = wall
@@ -402,29 +384,4 @@ class Worker:
             self.heartbeat.try_beat(self.wall(), owned, log)
 
 
-def run_worker(
-    *,
-    once: bool,
-    batch_size: int | None = None,
-    max_duration: float | None = None,
-    interval: float | None = None,
-    lane: str | None = None,
-    max_in_flight: int | None = None,
-    install_signals: bool = True,
-    heartbeat_file: str | None = None,
-) -> Sequence[TickStats]:
-    """What the management command calls."""
-    worker = Worker(
-        batch_size=batch_size,
-        max_duration=max_duration,
-        interval=interval,
-        lane=lane,
-        max_in_flight=max_in_flight,
-        heartbeat_file=heartbeat_file,
-    )
-    if install_signals:
-        worker.install_signal_handlers()
-    return worker.run(once=once)
-
-
-__all__ = ["TickStats", "Worker", "run_worker"]
+__all__ = ["TickStats", "Worker"]

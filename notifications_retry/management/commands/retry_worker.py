@@ -19,7 +19,7 @@ from django.test.utils import override_settings
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
-from notifications_retry.engine.worker import run_worker
+from notifications_retry.engine.worker import Worker
 from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
@@ -146,8 +146,7 @@ class Command(BaseCommand):
         # quarter of an hour of retransmissions.
         bound_connections(DEFAULT_DB_ALIAS)
         try:
-            ticks = run_worker(
-                once=options["once"],
+            worker = Worker(
                 batch_size=options["batch_size"],
                 max_duration=options["max_duration"],
                 interval=options["interval"],
@@ -155,6 +154,8 @@ class Command(BaseCommand):
                 max_in_flight=options["max_in_flight"],
                 heartbeat_file=options["heartbeat_file"],
             )
+            worker.install_signal_handlers()
+            ticks = worker.run(once=options["once"])
         except LockNotDirect as exc:
             raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
         except ValueError as exc:
