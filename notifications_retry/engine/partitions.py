@@ -23,11 +23,13 @@ than its share (a worker joined), or less while a partition is free (a worker di
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
+from notifications_retry.conf import RetrySettings
 from notifications_retry.lanes import DEFAULT_LANE
 from notifications_retry.locks import AdvisoryLock, LockNotDirect
 
@@ -67,18 +69,16 @@ def fair_share(partitions: int, workers: int) -> int:
     return math.ceil(partitions / max(1, workers))
 
 
-def lane_lock(conf: Any, lane: str, rng: Any) -> AdvisoryLock:
+def lane_lock(conf: RetrySettings, lane: str, rng: random.Random) -> AdvisoryLock:
     """The lock a worker of ``lane`` ticks under. One partition: the lane's one lock, exactly as a
     single worker always had it. More: a lock per partition, and workers share the lane's rows by
     partition (``rng`` picks the partition a worker tries first, so workers starting together spread)."""
     name = conf.LOCK_KEY if lane == DEFAULT_LANE else f"{conf.LOCK_KEY}:{lane}"
-    options = {
-        "using": conf.LOCK_DATABASE_ALIAS,
-        "idle_session_timeout": conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
-    }
+    using, idle = conf.LOCK_DATABASE_ALIAS, conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS
     if conf.PARTITIONS == 1:
-        return AdvisoryLock(name, **options)
-    return PartitionLock(name, partitions=conf.PARTITIONS, first=rng.randrange(conf.PARTITIONS), **options)
+        return AdvisoryLock(name, using=using, idle_session_timeout=idle)
+    partitions, first = conf.PARTITIONS, rng.randrange(conf.PARTITIONS)
+    return PartitionLock(name, partitions=partitions, using=using, idle_session_timeout=idle, first=first)
 
 
 class PartitionLock(AdvisoryLock):
