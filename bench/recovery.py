@@ -58,7 +58,7 @@ def reset(drain_channel: int, outage_channel: int, *, drain_rows: int, dead_lett
     with connect(autocommit=True) as conn:
         conn.execute(
             f"TRUNCATE notifications_retry_outbox, notifications_retry_deadletteraction, "
-            f"notifications_retry_recoveryjob, {TABLE}"
+            f"notifications_retry_recoveryjob, {TABLE} CASCADE"  # and the rows that refer to them
         )
         if dead_letters:
             conn.execute(SEED_DEAD_LETTERS, {"channel": outage_channel, "rows": dead_letters})
