@@ -136,14 +136,14 @@ class LoopCompleter:
         return 0.05 if self.pending else 3600.0
 
     def wait(self, seconds: float, sleep: Callable[[float], None] | None = None) -> None:
-        """Run the loop up to ``seconds``, until a commit ends; with nothing to commit, ``sleep``."""
-        if self._for_django:
-            pass  # the caller commits it now
-        elif self.pending:
+        """Run the loop up to ``seconds``, until a commit ends; with nothing to commit, ``sleep``. A batch
+        left to Django's connection is not waited for: the caller commits it now."""
+        if not self.pending:
+            if sleep is not None:
+                sleep(seconds)
+        elif not self._for_django:
             self._nudge()
             self._loop.wait(seconds)
-        elif sleep is not None:
-            sleep(seconds)
         self.deliver()
 
     def deliver(self) -> None:
