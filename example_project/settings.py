@@ -120,9 +120,11 @@ NOTIFICATIONS_RETRY: dict[str, Any] = {
 if _LOCK_DATABASE_URL:
     NOTIFICATIONS_RETRY["LOCK_DATABASE_ALIAS"] = "lock"
 
-# Logging: the library only emits events; the project decides how they look. JSON lines in
-# production (for the log pipeline), coloured key=value lines in development.
-LOG_FORMAT = os.environ.get("LOG_FORMAT", "console" if DEBUG else "json")
+# Logging: the library only emits events; the project decides how they look. Unless LOG_FORMAT says
+# otherwise, key=value lines for a person at a terminal and JSON lines for anything else (a pipe, a file,
+# a container's log collector), as structlog's "Logging Best Practices" suggest: a worker's stderr is
+# read by a machine, and rendering one JSON line costs a fraction of a console line.
+LOG_FORMAT = os.environ.get("LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
 _shared_processors: list[Any] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -199,3 +200,28 @@ def test_only_a_worker_process_leaves_the_stdlib_logging_route(argv: str, factor
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == factory
+
+
+@pytest.mark.parametrize(("stderr_is_a_terminal", "log_format"), [(False, "json"), (True, "console")])
+def test_without_log_format_the_lines_are_json_unless_stderr_is_a_terminal(
+    stderr_is_a_terminal: bool, log_format: str
+) -> None:
+    """structlog's advice: JSON for a machine (a pipe, a file), key=value lines for a person."""
+    probe = "import example_project.settings as s; print(s.LOG_FORMAT)"
+    env = {k: v for k, v in os.environ.items() if k != "LOG_FORMAT"}
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT,
+            env={**env, "DATABASE_URL": database_url()},
+            stdout=subprocess.PIPE,
+            stderr=follower if stderr_is_a_terminal else subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == log_format
