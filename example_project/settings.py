@@ -141,19 +141,30 @@ _renderer: Any = (
 )
 if "retry_worker" in sys.argv:
     # A worker logs one event per record: structlog writes its lines itself (same masking, same
-    # renderer, same stream as the handler below) instead of routing each through the stdlib logging
-    # module (docs/observability.md, "Logging in retry_worker processes"). Django's and psycopg's own
-    # records still go through LOGGING.
+    # stream as the handler below) instead of routing each through the stdlib logging module
+    # (docs/observability.md, "Logging in retry_worker processes"). JSON lines are serialized by orjson
+    # and written as bytes, structlog's fast route. Django's and psycopg's own records still go through
+    # LOGGING.
+    _worker_renderer: Any = _renderer
+    _worker_logger_factory: Any = structlog.WriteLoggerFactory(sys.stderr)
+    if LOG_FORMAT == "json":
+        try:
+            import orjson  # the example extra installs it; without it, the standard library's json
+        except ImportError:
+            pass
+        else:
+            _worker_renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
+            _worker_logger_factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             *notifications_retry.observability.logging.processors(),
-            _renderer,
+            _worker_renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(_LOG_LEVEL)),
-        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
+        logger_factory=_worker_logger_factory,
         cache_logger_on_first_use=True,
     )
 else:

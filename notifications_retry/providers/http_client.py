@@ -11,6 +11,11 @@ says so. aiohttp's own errors are mapped here, in one place, to :class:`Transpor
 Why aiohttp (measured by ``python -m bench.http_clients``; docs/providers.md has the figures):
 driven directly it costs the least CPU per request of the kept clients, and it exposes the three
 hooks this needs (parser limits, a socket factory, ``trust_env=False``) without private API.
+
+aiohttp and httpx are imported by :func:`load`, when a provider that posts is built, never by importing
+this module: the admin imports the providers in every web process, and the two cost about a quarter of a
+second to import, which a process that never posts (a web worker, a cron tick of e-mail channels) should
+not pay.
 """
 
 from __future__ import annotations
@@ -21,14 +26,13 @@ import functools
 import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
-
-import aiohttp
-import httpx
-import yarl
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..deadlines import deadline
 from ..exception_chain import causes
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "MAX_HEADERS",
@@ -44,6 +48,7 @@ __all__ = [
     "TransportError",
     "UrlRefused",
     "check_header",
+    "load",
 ]
 
 #: Longest status line accepted (bytes): aiohttp refuses a longer one before buffering it.
@@ -131,15 +136,25 @@ def check_header(name: str, value: str) -> None:
         raise ValueError(f"invalid HTTP header {name!r}")
 
 
+def load() -> None:
+    """Import the HTTP libraries now (once a process), so that the first request does not stall its loop."""
+    import aiohttp  # noqa: F401
+    import httpx  # noqa: F401
+
+
 @functools.cache
 def default_ssl_context() -> ssl.SSLContext:
     """One verifying TLS context (certifi's CA bundle) for every client: building one costs tens of ms."""
+    import httpx
+
     return httpx.create_ssl_context()
 
 
 @dataclasses.dataclass
 class _Session:
     session: aiohttp.ClientSession
+    #: The URL parsed once: aiohttp would parse a string on every request.
+    url: Any
     loop: asyncio.AbstractEventLoop
     inflight: int = 0
     closing: bool = False
@@ -165,7 +180,6 @@ class HttpClient:
         for name, value in headers:
             check_header(name, value)
         self.url = url
-        self._url = yarl.URL(url)  # parsed once: aiohttp would parse a string on every request
         self.max_connections = max(1, int(max_connections))
         self.max_body = max_body
         self.headers = dict(headers)
@@ -188,6 +202,9 @@ class HttpClient:
     # -- sessions --------------------------------------------------------------------------------
 
     def _session(self) -> _Session:
+        import aiohttp
+        import yarl
+
         loop = asyncio.get_running_loop()
         current = self._current
         if current is not None and current.loop is loop and not current.session.closed:
@@ -213,7 +230,7 @@ class HttpClient:
             max_headers=MAX_HEADERS,
             headers=self.headers,
         )
-        self._current = _Session(session, loop)
+        self._current = _Session(session, yarl.URL(self.url), loop)
         return self._current
 
     @staticmethod
@@ -269,6 +286,8 @@ class HttpClient:
         self, method: str, headers: Sequence[tuple[str, str]], body: bytes, *, timeout: float
     ) -> Response:
         """Send one request and read its answer, all within ``timeout`` seconds."""
+        import aiohttp  # a dictionary lookup once loaded (see load): for the errors' names below
+
         try:
             for name, value in headers:
                 check_header(name, value)
@@ -280,7 +299,7 @@ class HttpClient:
             # Not asyncio.timeout: an answer that arrived while the process was paused is read, not
             # called a timeout (notifications_retry.deadlines).
             async with deadline(timeout):
-                return await self._exchange(state.session, method, headers, body)
+                return await self._exchange(state, method, headers, body)
         except TimeoutError as exc:
             raise RequestTimeout(f"no complete answer within {timeout:g}s") from exc
         except aiohttp.ClientConnectorError as exc:
@@ -306,10 +325,10 @@ class HttpClient:
                 await state.session.close()
 
     async def _exchange(
-        self, session: aiohttp.ClientSession, method: str, headers: Sequence[tuple[str, str]], body: bytes
+        self, state: _Session, method: str, headers: Sequence[tuple[str, str]], body: bytes
     ) -> Response:
-        async with session.request(
-            method, self._url, data=body, headers=dict(headers), allow_redirects=False
+        async with state.session.request(
+            method, state.url, data=body, headers=dict(headers), allow_redirects=False
         ) as response:
             remote_addr = _peer(response)
             data = bytearray()

@@ -19,6 +19,7 @@ from ..evidence import Evidence, answer_text
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
 from ..retry import retry_after_seconds
 from ..version import __version__
+from . import http_client
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
 from .http_client import HttpClient, NeverConnected, Response, TransportError, check_header
 from .webhook_signing import Signer, secret_problems
@@ -148,8 +149,10 @@ class WebhookProvider(Provider):
         self.max_connections = max(1, int(channel.max_concurrency))
         # The allowlist the last policy check read; the connect-time guard uses the same one.
         self._allowed: tuple[str, ...] = ()
-        # Created on the first asynchronous send, on the loop that sends (the worker's).
+        # Created on the first asynchronous send, on the loop that sends (the worker's); its libraries
+        # are imported now, when the worker loads the channel, not inside that first send.
         self._client: HttpClient | None = None
+        http_client.load()
 
     @classmethod
     def options_problems(cls, options: Mapping[str, Any]) -> list[str]:

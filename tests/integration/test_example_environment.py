@@ -154,10 +154,12 @@ def test_the_email_backend_comes_from_the_environment() -> None:
 def test_the_partitions_come_from_the_environment() -> None:
     ChannelFactory(key="in_app")
     # Alone, a worker owns every partition of the three the variable sets.
-    result = example("retry_worker", "--once", env={"NOTIFICATIONS_RETRY_PARTITIONS": "3"})
+    result = example(
+        "retry_worker", "--once", env={"NOTIFICATIONS_RETRY_PARTITIONS": "3", "LOG_FORMAT": "json"}
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    started = [line for line in (result.stdout + result.stderr).splitlines() if "retry-cycle-started" in line]
-    assert started and "[0, 1, 2]" in started[0], result.stdout + result.stderr
+    started = [json.loads(line) for line in result.stderr.splitlines() if "retry-cycle-started" in line]
+    assert started and started[0]["partitions"] == [0, 1, 2], result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("log_format", ["json", "console"])
@@ -183,9 +185,18 @@ def test_the_workers_events_are_written_by_structlog_itself_with_the_same_maskin
 
 
 @pytest.mark.parametrize(
-    ("argv", "factory"), [("retry_worker", "WriteLoggerFactory"), ("runserver", "LoggerFactory")]
+    ("argv", "log_format", "factory"),
+    [
+        # JSON lines serialized by orjson and written as bytes; console lines written as text.
+        ("retry_worker", "json", "BytesLoggerFactory"),
+        ("retry_worker", "console", "WriteLoggerFactory"),
+        ("runserver", "json", "LoggerFactory"),
+        ("runserver", "console", "LoggerFactory"),
+    ],
 )
-def test_only_a_worker_process_leaves_the_stdlib_logging_route(argv: str, factory: str) -> None:
+def test_only_a_worker_process_leaves_the_stdlib_logging_route(
+    argv: str, log_format: str, factory: str
+) -> None:
     probe = (
         f"import sys; sys.argv = ['manage.py', {argv!r}]; import example_project.settings; "
         "import structlog; print(type(structlog.get_config()['logger_factory']).__name__)"
@@ -193,7 +204,7 @@ def test_only_a_worker_process_leaves_the_stdlib_logging_route(argv: str, factor
     done = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url()},
+        env={**os.environ, "DATABASE_URL": database_url(), "LOG_FORMAT": log_format},
         capture_output=True,
         text=True,
         timeout=60,

@@ -187,7 +187,10 @@ def test_the_install_section_pastes_into_a_new_project(tmp_path: Path):
                         project.run(line)
 
         once = next(out for out in project.outputs if "retry-cycle-started" in out)
-        assert "item-sent" in once and "processed=1" in once and "sent=1" in once, once
+        # Piped, not a terminal: the README's settings write JSON lines.
+        events = [json.loads(line) for line in once.splitlines() if line.startswith("{")]
+        assert any(e["event"] == "item-sent" for e in events), once
+        assert any(e["event"] == "cycle-completed" and e["processed"] == e["sent"] == 1 for e in events), once
         assert "user-42" not in once  # the masking processors are in the chain
         rows = json.loads(
             project.python(

@@ -1,0 +1,41 @@
+"""Importing the app imports no HTTP client: every web process imports the providers through the
+admin, and aiohttp with httpx cost about a quarter of a second to import. A webhook provider loads them
+when it is built, so that its first send does not stall the worker's loop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+HTTP_LIBRARIES = ("aiohttp", "httpx")
+
+PROBE = """
+import sys
+import django
+django.setup()
+import notifications_retry.admin, notifications_retry.providers
+from notifications_retry.providers import get_provider_class
+from notifications_retry.channel_settings import ChannelSettings
+print(sorted(m for m in {libraries!r} if m in sys.modules))
+get_provider_class("webhook")(ChannelSettings("hook", "webhook", 5.0, 4, {{"url": "https://hooks.example/in"}}))
+print(sorted(m for m in {libraries!r} if m in sys.modules))
+"""
+
+
+def test_the_app_imports_no_http_client_until_a_webhook_provider_is_built() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(libraries=HTTP_LIBRARIES)],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split("\n")[:2]
+    assert before == "[]"
+    assert after == str(sorted(HTTP_LIBRARIES))
