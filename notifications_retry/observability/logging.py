@@ -173,7 +173,22 @@ def _mask_short_text(text: str, opaque: bool) -> str:
     return _mask_text(text, opaque)
 
 
+#: What every pattern below needs somewhere in a text to match at all: an ``@`` (an address, a URL's
+#: userinfo), an ``=`` (a query's secret or recipient), a space (after "Bearer"), a digit run a phone
+#: number could be, and (opaque) a word long enough to be a token. A text with none of them, such as a
+#: correlation or message id, skips the seven patterns: each is unique, so the cache does not help it.
+#: tests/unit/test_masking.py checks on generated texts that the gate never lets a change through.
+_MAY_CHANGE = re.compile(r"[@=\s]|\d[\d ().-]{6,}\d")
+_MAY_CHANGE_OPAQUE = re.compile(r"[@=\s]|\d[\d ().-]{6,}\d|[A-Za-z0-9_:-]{20}")
+
+
 def _mask_text(text: str, opaque: bool) -> str:
+    if not (_MAY_CHANGE_OPAQUE if opaque else _MAY_CHANGE).search(text):
+        return text
+    return _apply_patterns(text, opaque)
+
+
+def _apply_patterns(text: str, opaque: bool) -> str:
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     text = _EMAIL.sub(lambda m: mask_recipient(m.group(0)), text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)

@@ -8,6 +8,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import notifications_retry.observability.logging as nr_logging
 
@@ -84,3 +86,69 @@ def test_webhook_signing_secrets_are_masked_in_logged_options() -> None:
     )
     assert secret not in repr(logged)
     assert logged["secrets"] == nr_logging.MASK and logged["secret"] == nr_logging.MASK
+
+
+# Texts built from the characters the patterns look for, so that near-misses are common, and from
+# pieces of what each pattern matches.
+_PATTERN_ALPHABET = string.ascii_letters + string.digits + "@=.:-_+()/?&;% \t\n'\"<>"
+_PATTERN_CORES = [
+    nr_logging._EMAIL.pattern,
+    r"\+?\(?\d[\d ().-]{6,}\d",
+    nr_logging._BEARER.pattern,
+    nr_logging._QUERY_SECRET.pattern,
+    nr_logging._QUERY_RECIPIENT.pattern,
+    nr_logging._URL_USERINFO.pattern,
+    r"[A-Za-z0-9_:-]{20,}",
+]
+_PIECES = [
+    "Bearer",
+    "basic",
+    "TOKEN",
+    " ",
+    "\t",
+    "abcdef12",
+    "ana",
+    "@",
+    "example.com",
+    "=",
+    "?",
+    "&",
+    "to",
+    "sig",
+    "https://",
+    "u:p",
+    "/",
+    "+44",
+    "(20)",
+    "7946",
+    "0958",
+    "-",
+    ".",
+    "2026-12-03",
+    "req",
+    "_",
+    "a7Hk29Qz0pLm3Xv8Rt5N",
+    "9f8e7d6c",
+    ":",
+]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    text=st.text(alphabet=st.sampled_from(_PATTERN_ALPHABET), max_size=60)
+    | st.text(max_size=40)
+    | st.from_regex(r"(req|msg|id)[-_][0-9a-zA-Z\-]{1,40}", fullmatch=True)
+    | st.lists(st.sampled_from(_PIECES), max_size=8).map("".join)
+    # Texts holding a match of one pattern (its lookarounds aside), between arbitrary characters.
+    | st.sampled_from(_PATTERN_CORES).flatmap(st.from_regex),
+    opaque=st.booleans(),
+)
+def test_the_gate_lets_through_only_texts_no_pattern_changes(text: str, opaque: bool) -> None:
+    """A text the gate waves through comes out of the seven patterns unchanged."""
+    assert nr_logging._mask_text(text, opaque) == nr_logging._apply_patterns(text, opaque)
+
+
+def test_a_unique_identifier_skips_the_patterns_but_a_secret_inside_one_does_not() -> None:
+    assert nr_logging.mask_text("req-9f8e7d6c-0001", opaque=False) == "req-9f8e7d6c-0001"
+    assert "ana@example.com" not in nr_logging.mask_text("req-ana@example.com", opaque=False)
+    assert "7946 0958" not in nr_logging.mask_text("req-+44 20 7946 0958", opaque=False)
