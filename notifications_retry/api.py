@@ -17,38 +17,25 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from notifications_retry.asyncio_bridge import run_sync
 from notifications_retry.clock import default_clock
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.create import create_pending
-from notifications_retry.delivery.finalize import release
-from notifications_retry.delivery.handoff import lease_fresh, record_attempt, settle_leased, settle_suppressed
+from notifications_retry.delivery.handoff import record_attempt
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
-from notifications_retry.evidence import NO_ANSWER, evidence_of
-from notifications_retry.exceptions import ChannelConfigurationError, InvalidTransition
-from notifications_retry.observability.excerpts import masked
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
-from notifications_retry.outcomes import ClaimedRecord, Failure, failure_of
-from notifications_retry.providers import (
-    OutgoingMessage,
-    Provider,
-    SendResult,
-    channel_problems,
-    get_provider_class,
-)
+from notifications_retry.outcomes import Failure
 
-from . import arguments, bounds
+from . import arguments, bounds, direct_send
 from .conf import get_settings
 from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
 from .outcomes import CANCELLED
@@ -304,71 +291,9 @@ def send_now(notification: NotificationRef, *, rng: random.Random | None = None)
     this inside ``transaction.atomic`` is refused), and the outcome is recorded as
     :func:`record_dispatch_sent` / :func:`record_dispatch_failure` would. A recipient on the suppression
     list is not sent to: the row ends terminal ``suppressed`` with no attempt, as in the worker's claim.
+    How: :mod:`notifications_retry.direct_send`.
     """
-    pk = _pk(notification)
-    rng = arguments.optional_rng("rng", rng)
-    if connection.in_atomic_block:
-        raise InvalidTransition("send_now calls a provider: it must not run inside a database transaction")
-    clock = default_clock(get_settings().CLOCK)
-    stopped = settle_suppressed(pk, now=clock.now())
-    if stopped is not None:
-        return NotificationEntity.objects.get(pk=stopped.record.id)
-    record, channel = lease_fresh(pk, now=clock.now())
-    failure: Failure | None = None
-    message_id: str | None = None
-    provider = _provider_or_release(record, channel)
-    started = time.monotonic()
-    try:
-        result = _call_once(provider, OutgoingMessage.of(record, channel.key))
-        message_id, evidence = result.provider_message_id, result.evidence or NO_ANSWER
-    except Exception as exc:
-        failure = failure_of(exc)
-        evidence = masked(evidence_of(exc), recipient=record.recipient, payload=record.payload)
-    finally:
-        provider.close()
-    settle_leased(
-        record,
-        channel,
-        failure=failure,
-        provider_message_id=message_id,
-        now=clock.now(),
-        rng=rng or random.Random(),
-        evidence=evidence,
-        duration_ms=(time.monotonic() - started) * 1000,
-    )
-    return NotificationEntity.objects.get(pk=record.id)
-
-
-def _provider_or_release(record: ClaimedRecord, channel: ChannelConfig) -> Provider:
-    """The channel's provider, built under the same guard as the worker's channel load.
-
-    A channel row that cannot work (an unknown provider key, options raw SQL made malformed) is the
-    channel's problem, not the row's: the lease is given back with its attempt, the row waits for the
-    channel to be fixed as the worker leaves it waiting, and the caller gets a clear error.
-    """
-    problems = channel_problems(channel.provider_key, channel.options)
-    if not problems:
-        try:
-            return get_provider_class(channel.provider_key)(channel.settings())
-        except Exception as exc:
-            problems = [f"{type(exc).__name__}: {exc}"]
-    release([record])
-    raise ChannelConfigurationError(f"channel {channel.key!r} cannot send: {'; '.join(problems)}")
-
-
-def _call_once(provider: Provider, message: OutgoingMessage) -> SendResult:
-    """One call from synchronous code: ``send`` when the provider has it, else ``send_async`` on a
-    loop of its own (the provider's connections are released on that loop before it closes)."""
-    if type(provider).send is not Provider.send:
-        return provider.send(message)
-
-    async def call() -> SendResult:
-        try:
-            return await provider.send_async(message)
-        finally:
-            provider.close()
-
-    return run_sync(call())
+    return direct_send.send_now(_pk(notification), rng=arguments.optional_rng("rng", rng))
 
 
 # -- the suppression list ----------------------------------------------------------------------------
