@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 from typing import Any
 
 import dj_database_url
@@ -109,7 +110,10 @@ def configure_logging(pipeline: str) -> None:
         raise ValueError(f"unknown logging pipeline {pipeline!r} (stdlib or native)")
 
 
-configure_logging("stdlib")
+# A worker process the benchmarks start (``python -m django retry_worker``) logs as the example
+# project's workers do and as docs/observability.md recommends for them; every other process, the
+# benchmark's own included, starts on the stdlib route (in-process drains choose per drain).
+configure_logging("native" if "retry_worker" in sys.argv else "stdlib")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
