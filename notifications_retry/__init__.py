@@ -8,9 +8,9 @@ Packages: :mod:`.models` (the tables), :mod:`.delivery` (the only writer of noti
 rows), :mod:`.engine` (``retry_worker``), :mod:`.providers`, :mod:`.outbox` (the relay and its
 publishers), :mod:`.admin`, :mod:`.observability`, :mod:`.management` (the commands), :mod:`.migrations`.
 
-Modules: :mod:`.api` (the monolith's entry points) with :mod:`.direct_send` (``send_now``'s work), :mod:`.tracking` (ESP events from anymail's
-tracking signal), :mod:`.housekeeping`, :mod:`.checks` (system
-checks), :mod:`.apps`, :mod:`.conf` (the ``NOTIFICATIONS_RETRY`` settings) with :mod:`.bounds` (their
+Modules: :mod:`.api` (the monolith's entry points) with :mod:`.direct_send` (``send_now``'s work),
+:mod:`.tracking` (ESP events from anymail's tracking signal), :mod:`.housekeeping`, :mod:`.checks`
+(system checks), :mod:`.apps`, :mod:`.conf` (the ``NOTIFICATIONS_RETRY`` settings) with :mod:`.bounds` (their
 ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.outcomes` (one pure
 ``decide``), :mod:`.retry` (backoff), :mod:`.events` and :mod:`.event_ids` (the outbox event),
 :mod:`.validation` (input checks), :mod:`.arguments` (the API's other arguments, by type),

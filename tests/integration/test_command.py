@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.checks.registry import registry
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
@@ -243,3 +244,26 @@ def test_version_is_the_apps():
 @pytest.mark.django_db
 def test_migrations_are_complete():
     call_command("makemigrations", "notifications_retry", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.django_db
+def test_the_commands_check_silences_w006_only_while_it_runs(settings: Any) -> None:
+    """W006 is silenced during the command's own checks, and the project's list is back afterwards, even
+    when a check raises."""
+    from notifications_retry.management.commands.retry_worker import Command
+
+    settings.SILENCED_SYSTEM_CHECKS = ["admin.E001"]
+    seen: list[list[str]] = []
+
+    def observe(app_configs: Any, **kwargs: Any) -> list[Any]:
+        seen.append(list(settings.SILENCED_SYSTEM_CHECKS))
+        raise RuntimeError("a check that fails")
+
+    registry.register(observe)
+    try:
+        with pytest.raises(RuntimeError, match="a check that fails"):
+            Command().check()
+    finally:
+        registry.registered_checks.discard(observe)
+    assert seen == [["admin.E001", "notifications_retry.W006"]]
+    assert settings.SILENCED_SYSTEM_CHECKS == ["admin.E001"]

@@ -39,3 +39,27 @@ def test_the_app_imports_no_http_client_until_a_webhook_provider_is_built() -> N
     before, after = done.stdout.split("\n")[:2]
     assert before == "[]"
     assert after == str(sorted(HTTP_LIBRARIES))
+
+
+COMMAND_PROBE = """
+import sys
+import django
+django.setup()
+from django.core.management import load_command_class
+load_command_class("notifications_retry", "retry_worker")
+print("django.test" in sys.modules)
+"""
+
+
+def test_the_worker_command_imports_no_test_utilities() -> None:
+    """The command silences one check itself: ``override_settings`` would import ``django.test``."""
+    done = subprocess.run(
+        [sys.executable, "-c", COMMAND_PROBE],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
