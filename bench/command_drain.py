@@ -97,10 +97,10 @@ def report(rows: int, rounds: int) -> tuple[str, float]:
     lines = [
         f"## No-op drain as a user runs it: {rows:,} due rows, median of {rounds} rounds",
         table(
-            ["ratio", "measured"],
+            ["ratio", "measured", "target"],
             [
-                ["command / lean, rows/s", f"{share:.2f} (target >= {TARGET:.2f})"],
-                ["command / lean, WAL per notification", f"{wal:.2f}x"],
+                ["command / lean, rows/s", f"{share:.2f}", f">= {TARGET:.2f}"],
+                ["command / lean, WAL per notification", f"{wal:.2f}x", ""],
             ],
         ),
         "",

@@ -162,7 +162,8 @@ def test_recovery_bench_reports_the_drain_with_and_without_the_job(bench_databas
         "--rows",
         "2000",
         "--drain-rows",
-        "20000",
+        # Enough for the drain to outlast the job's process start (about a second) at the worker's rate.
+        "60000",
         "--window",
         "2",
         timeout=280,
