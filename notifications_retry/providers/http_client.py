@@ -202,13 +202,13 @@ class HttpClient:
     # -- sessions --------------------------------------------------------------------------------
 
     def _session(self) -> _Session:
-        import aiohttp
-        import yarl
-
         loop = asyncio.get_running_loop()
         current = self._current
         if current is not None and current.loop is loop and not current.session.closed:
             return current
+        import aiohttp  # only to open a session, not on every request
+        import yarl
+
         if current is not None:
             self._retire(current)  # used from another loop now (a new asyncio.run): start afresh
         connector = aiohttp.TCPConnector(

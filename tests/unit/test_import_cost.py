@@ -26,9 +26,10 @@ print(sorted(m for m in {libraries!r} if m in sys.modules))
 """
 
 
-def test_the_app_imports_no_http_client_until_a_webhook_provider_is_built() -> None:
+def run_probe(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter on the test settings (a fresh ``sys.modules``)."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(libraries=HTTP_LIBRARIES)],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
         capture_output=True,
@@ -36,7 +37,11 @@ def test_the_app_imports_no_http_client_until_a_webhook_provider_is_built() -> N
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    before, after = done.stdout.split("\n")[:2]
+    return done.stdout
+
+
+def test_the_app_imports_no_http_client_until_a_webhook_provider_is_built() -> None:
+    before, after = run_probe(PROBE.format(libraries=HTTP_LIBRARIES)).split("\n")[:2]
     assert before == "[]"
     assert after == str(sorted(HTTP_LIBRARIES))
 
@@ -53,13 +58,4 @@ print("django.test" in sys.modules)
 
 def test_the_worker_command_imports_no_test_utilities() -> None:
     """The command silences one check itself: ``override_settings`` would import ``django.test``."""
-    done = subprocess.run(
-        [sys.executable, "-c", COMMAND_PROBE],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    assert run_probe(COMMAND_PROBE).strip() == "False"
