@@ -40,6 +40,7 @@ from notifications_retry.delivery.claim_statements import (
     CLAIM_UPDATE,
     ChannelClaim,
     Partitions,
+    TenantCaps,
     claim_query,
 )
 from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
@@ -369,6 +370,7 @@ __all__ = [
     "ChannelClaim",
     "ClaimBatch",
     "Partitions",
+    "TenantCaps",
     "claim_due",
     "claim_due_async",
     "claim_query",

@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import math
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -240,12 +240,26 @@ WHERE t.id = v.id
 
 
 @dataclasses.dataclass(frozen=True)
+class TenantCaps:
+    """At most how many rows of each tenant one claim of a channel may take (``TENANT_RATE_LIMITS``).
+
+    ``default`` caps every tenant not named in ``caps`` (None: no cap); ``caps`` names tenants (the key
+    None is the null tenant) with a cap of their own; a cap of 0 takes none of that tenant's rows.
+    """
+
+    default: int | None = None
+    caps: Mapping[uuid.UUID | None, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class ChannelClaim:
-    """How many rows of one channel to claim now, and for how long."""
+    """How many rows of one channel to claim now, and for how long; ``tenant_caps``: per-tenant caps
+    (None: none)."""
 
     channel_id: int
     limit: int
     lease_seconds: float
+    tenant_caps: TenantCaps | None = None
 
 
 @dataclasses.dataclass(frozen=True)
