@@ -7,6 +7,7 @@ Nothing here is read at import time: every access goes through :func:`get_settin
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,9 @@ class RetrySettings:
     CIRCUIT_COOLDOWN_SECONDS: float = 30.0
     THROTTLE_DEFAULT_SECONDS: float = 60.0
     ATTEMPTS_BY_TYPE: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Tenant id (or "*": every other tenant, the null one included) -> sends a second on each channel
+    # (None for a named tenant: no limit).
+    TENANT_RATE_LIMITS: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
     LANES: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     DEAD_LETTER_RETENTION_DAYS: int = 30
     OUTBOX_RETENTION_DAYS: int = 7
@@ -146,6 +150,56 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         problems.append(f"METRICS_PORT must be a port number (0 to 65535) or None, got {conf.METRICS_PORT!r}")
     problems.extend(_outbox_problems(conf))
     problems.extend(_suppression_problems(conf))
+    problems.extend(_tenant_limit_problems(conf))
+    return problems
+
+
+#: The largest per-tenant rate accepted (sends a second): beyond it a limit limits nothing.
+TENANT_RATE_LIMIT_MAX = 1_000_000.0
+
+
+def tenant_rate_limits(conf: RetrySettings) -> tuple[float | None, dict[uuid.UUID, float | None]]:
+    """``TENANT_RATE_LIMITS`` read: the limit of every tenant not named (``"*"``; None: no limit) and
+    the named tenants' own (None: that tenant has no limit). Call only on settings
+    :func:`settings_problems` accepts."""
+    named = {
+        uuid.UUID(str(k)): (float(v) if v is not None else None)
+        for k, v in conf.TENANT_RATE_LIMITS.items()
+        if k != "*"
+    }
+    default = conf.TENANT_RATE_LIMITS.get("*")
+    return (float(default) if default is not None else None), named
+
+
+def _tenant_limit_problems(conf: RetrySettings) -> list[str]:
+    limits = conf.TENANT_RATE_LIMITS
+    if not isinstance(limits, Mapping):
+        return [f"TENANT_RATE_LIMITS must map tenant ids (or '*') to sends a second, got {limits!r}"]
+    problems = []
+    seen: set[uuid.UUID] = set()
+    for key, rate in limits.items():
+        if key != "*":
+            try:
+                tenant = uuid.UUID(str(key))
+            except ValueError:
+                problems.append(
+                    f"TENANT_RATE_LIMITS names {key!r}, which is neither a tenant id (a UUID) nor '*'"
+                )
+                continue
+            if tenant in seen:
+                problems.append(f"TENANT_RATE_LIMITS names tenant {tenant} twice (as {key!r})")
+            seen.add(tenant)
+        if rate is None and key != "*":
+            continue  # a named tenant without a limit, beside a default that limits the others
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, int | float)
+            or not 0 < rate <= TENANT_RATE_LIMIT_MAX  # NaN fails this too
+        ):
+            problems.append(
+                f"TENANT_RATE_LIMITS[{key!r}] must be sends a second above 0 and at most "
+                f"{TENANT_RATE_LIMIT_MAX:g}, got {rate!r}"
+            )
     return problems
 
 

@@ -20,8 +20,12 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   throttle's pause), their attempt with them.
 - ``.feedback``: what an outcome tells its channel's flow control (a throttle pauses it, failures
   open its circuit).
+- ``.channel_set``: the lane's channels as the worker loads them before each tick, their runtimes kept
+  across ticks; the channels that cannot send reported.
 - ``.channels``: each channel's provider and flow-control state as the worker keeps them across ticks,
   and how many rows a channel claims and when a send may start.
+- ``.tenant_limits``: per-tenant rate limits within a channel (``TENANT_RATE_LIMITS``): each tenant's
+  cap on a claim, and the slot each of its records waits for.
 - ``.claim_thread``: the thread and connection the second claim runs on.
 - ``.completer``: the rule for when outcomes are committed (size or delay) and their commit, kept
   through a database outage.

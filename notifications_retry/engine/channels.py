@@ -9,12 +9,9 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
-from datetime import datetime
 from typing import Any
 
 import structlog
-from django.db.models import Count
 
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery.channel_rules import (
@@ -25,11 +22,11 @@ from notifications_retry.delivery.channel_rules import (
 )
 from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
 from notifications_retry.engine.in_flight import InFlightCap
-from notifications_retry.lanes import LaneSettings, shared_limits
-from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.engine.tenant_limits import TenantLimits
+from notifications_retry.models import ChannelConfig
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import ClaimedRecord
-from notifications_retry.providers import Provider, get_provider_class
+from notifications_retry.providers import Provider
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -67,13 +64,19 @@ class ChannelRuntime:
         max_concurrency: int,
         rate_limit: float | None,
         cap: InFlightCap | None = None,
+        tenants: TenantLimits | None = None,
+        lane_part: float = 1.0,
     ) -> None:
         self.config = config
         self.provider = provider
         #: The worker's cap on calls in flight, shared by all its channels (engine.in_flight).
         self.cap = cap if cap is not None else InFlightCap(None)
         #: The lane's part of the channel's limits; this worker's part is ``share`` of it (:meth:`set_share`).
-        self.lane_concurrency, self.lane_rate = max_concurrency, rate_limit
+        self.lane_concurrency, self.lane_rate, self.lane_part = max_concurrency, rate_limit, lane_part
+        #: Per-tenant limits on this channel (engine.tenant_limits; None: TENANT_RATE_LIMITS is empty).
+        self.tenants = tenants
+        #: A claim cut short by a tenant's limit: the channel's next claim waits until then (monotonic).
+        self.claim_after = 0.0
         self.max_concurrency = max_concurrency
         self.rate_limit = rate_limit
         self.limiter = RateLimiter(rate_limit)
@@ -124,7 +127,7 @@ class ChannelRuntime:
 
     def capacity(self, now_mono: float, chunk: int) -> int:
         """How many more records to claim for this channel now (0: none)."""
-        if self.exhausted:
+        if self.exhausted or now_mono < self.claim_after:
             return 0
         if now_mono < self.paused_until:
             return self._fallback_capacity(now_mono)
@@ -215,159 +218,28 @@ class ChannelRuntime:
         self.max_concurrency = max(1, math.floor(self.lane_concurrency * share + 1e-9))
         self.rate_limit = self.lane_rate * share if self.lane_rate else None
         self.limiter.set_rate(self.rate_limit)
+        if self.tenants is not None:
+            self.tenants.set_part(self.lane_part * share)
+
+    def next_startable(self, now_mono: float) -> ClaimedRecord | None:
+        """The next queued record, taken off the queue, if a send may start on it now (one of a limited
+        tenant may wait for its slot while another tenant's goes ahead)."""
+        if not self.queue or not self.can_start(now_mono):
+            return None
+        return self.queue.popleft() if self.tenants is None else self.tenants.pop(self.queue, now_mono)
+
+    def start_wait(self, now_mono: float) -> float:
+        """Seconds until the rate limits may let a queued record start (0.0: now)."""
+        wait = self.limiter.wait_time(now_mono)
+        if self.tenants is not None:
+            wait = max(wait, self.tenants.wait_time(self.queue, now_mono))
+        return wait
 
     def reset_for_tick(self, config: ChannelConfig) -> None:
         """A new tick: fresh config row, nothing queued (calls still in flight keep their count)."""
         self.config = config
         self.exhausted = False
+        self.claim_after = 0.0
         self.queue.clear()
-
-
-class ChannelSet:
-    """The lane's usable channels, their runtimes cached across ticks; unusable ones reported."""
-
-    def __init__(
-        self,
-        conf: RetrySettings,
-        lanes: LaneSettings,
-        lane: str,
-        channels: Collection[str] | None,
-        provider_factory: Callable[[ChannelConfig], Provider] | None = None,
-        cap: InFlightCap | None = None,
-    ) -> None:
-        self.conf = conf
-        #: The worker's cap on calls in flight, shared by every runtime of this set.
-        self.cap = cap if cap is not None else InFlightCap(None)
-        #: This worker's part of every channel's limits: its partitions' part (1.0 with one partition).
-        self.share = 1.0
-        self.lanes = lanes
-        self.lane = lane
-        self.channels = channels
-        self.runtimes: dict[int, ChannelRuntime] = {}
-        self._fingerprints: dict[int, tuple[Any, ...]] = {}
-        #: The reason last logged for each unusable channel: ``channel-disabled`` is logged when it changes.
-        self._reported: dict[int, str] = {}
-        self._factory = provider_factory or (lambda c: get_provider_class(c.provider_key)(c.settings()))
-
-    def load(self, now: datetime, bound: Any) -> tuple[dict[int, ChannelRuntime], dict[str, int]]:
-        """Usable channels of this lane, and how many due rows wait on each unusable one (by key)."""
-        every = list(ChannelConfig.objects.all())
-        configs = every if self.channels is None else [c for c in every if c.key in self.channels]
-        usable: dict[int, ChannelRuntime] = {}
-        unusable: dict[int, tuple[ChannelConfig, str]] = {}
-        for config in configs:
-            if not config.is_enabled:
-                unusable[config.pk] = (config, "disabled")
-                continue
-            runtime, problems = self._guarded_runtime(config)
-            if runtime is None:
-                unusable[config.pk] = (config, "misconfigured: " + "; ".join(problems))
-                continue
-            usable[config.pk] = runtime
-        for pk in set(self._reported) - set(unusable):
-            del self._reported[pk]  # usable again (or gone): a later problem is news again
-        for pk in set(self.runtimes) - set(usable):
-            self.runtimes.pop(pk).provider.close()
-            self._fingerprints.pop(pk, None)
-        self._link_fallbacks(usable, {c.pk: c for c in every}, bound)
-        waiting = self._report_unusable(unusable, now, bound) if unusable else {}
-        return usable, waiting
-
-    def _link_fallbacks(
-        self, usable: dict[int, ChannelRuntime], every: Mapping[int, ChannelConfig], bound: Any
-    ) -> None:
-        """Give each channel its fallback's runtime when that channel is usable here; say why not otherwise.
-
-        One hop only: a fallback's own fallback is never used for another channel's attempt.
-        """
-        for rt in usable.values():
-            fallback_id = rt.config.fallback_id
-            rt.fallback = usable.get(fallback_id) if fallback_id not in (None, rt.config.pk) else None
-            if rt.fallback is not None:
-                metrics.precreate_series([], [], [], failovers=[(rt.key, rt.fallback.key)])
-            elif fallback_id is not None:
-                target = every.get(fallback_id)
-                if target is None or fallback_id == rt.config.pk:
-                    reason = "not a valid channel"
-                elif not target.is_enabled:
-                    reason = "disabled"
-                elif self.channels is not None and target.key not in self.channels:
-                    reason = f"not served by lane {self.lane!r}"
-                else:
-                    reason = "misconfigured"
-                bound.warning(
-                    "channel-fallback-unusable",
-                    channel=rt.key,
-                    fallback=target.key if target is not None else fallback_id,
-                    reason=reason,
-                )
-
-    def _guarded_runtime(self, config: ChannelConfig) -> tuple[ChannelRuntime | None, list[str]]:
-        """The channel's runtime, or why it cannot send: a provider that raises on its options (its
-        checks or its constructor) makes that channel wait, never the others."""
-        try:
-            problems = config.configuration_problems()
-            if problems:
-                return None, problems
-            return self._runtime(config), []
-        except Exception as exc:
-            self._fingerprints.pop(config.pk, None)  # rebuilt from scratch once the row is fixed
-            return None, [f"its provider cannot be built: {type(exc).__name__}: {exc}"]
-
-    def _runtime(self, config: ChannelConfig) -> ChannelRuntime:
-        fingerprint = channel_fingerprint(config)
-        runtime = self.runtimes.get(config.pk)
-        if runtime is None or self._fingerprints.get(config.pk) != fingerprint:
-            if runtime is not None:
-                runtime.provider.close()
-            concurrency, rate = shared_limits(
-                self.lanes,
-                self.lane,
-                config.key,
-                max_concurrency=config.max_concurrency,
-                rate_limit=float(config.rate_limit_per_second) if config.rate_limit_per_second else None,
-            )
-            runtime = ChannelRuntime(
-                config,
-                self._factory(config),
-                self.conf,
-                max_concurrency=concurrency,
-                rate_limit=rate,
-                cap=self.cap,
-            )
-            # A new breaker starts closed; publishing it makes "circuit open" alerts resolvable.
-            metrics.CIRCUIT_STATE.labels(config.key).set(metrics.CIRCUIT_STATE_VALUES["closed"])
-            # Every labelled series at zero from the start, so a first batch of failures is an increase.
-            metrics.precreate_series([config.key], metrics.BUILTIN_ERROR_KINDS, [])
-            self.runtimes[config.pk] = runtime
-            self._fingerprints[config.pk] = fingerprint
-        runtime.reset_for_tick(config)
-        runtime.set_share(self.share)
-        return runtime
-
-    def _report_unusable(
-        self, unusable: Mapping[int, tuple[ChannelConfig, str]], now: datetime, bound: Any
-    ) -> dict[str, int]:
-        counts = (
-            NotificationEntity.objects.due(now)
-            .filter(channel_id__in=list(unusable))
-            .values_list("channel_id")
-            .order_by()
-            .annotate(count=Count("pk"))
-        )
-        waiting: dict[str, int] = {}
-        for cid, count in counts:
-            config, reason = unusable[cid]
-            waiting[config.key] = count
-            # The metric counts every tick's skipped rows; the log says when a channel's state changes.
-            metrics.CHANNEL_DISABLED.labels(config.key).inc(count)
-            if self._reported.get(cid) != reason:
-                self._reported[cid] = reason
-                bound.warning("channel-disabled", channel=config.key, due_waiting=count, reason=reason)
-        return waiting
-
-    def close(self) -> None:
-        for runtime in self.runtimes.values():
-            runtime.provider.close()
-        self.runtimes.clear()
-        self._fingerprints.clear()
+        if self.tenants is not None:
+            self.tenants.queued.clear()

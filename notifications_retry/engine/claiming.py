@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Awaitable, Callable, Collection, Sequence
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
@@ -32,6 +33,7 @@ import psycopg
 
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions, claim_due_async
+from notifications_retry.delivery.channel_rules import RATE_HORIZON_SECONDS
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.completer import Commits
@@ -45,6 +47,9 @@ from notifications_retry.outcomes import ClaimedRecord, Outcome
 #: Delivers an inline channel's claimed record now (its outcome), or None to lease it; deferred
 #: records' outcomes go to the list. Called with the settle lock held.
 SettleOne = Callable[[ChannelRuntime, ClaimedRecord, list[Outcome]], Outcome | None]
+
+#: The least a channel's next claim waits after tenants' limits cut one short.
+MIN_CLAIM_WAIT_SECONDS = 0.01
 
 
 class ClaimConnection(LoopConnection):
@@ -86,8 +91,10 @@ class Claims:
         claim_thread: ClaimThread | None = None,
         claim_connection: ClaimConnection | None = None,
         db: TickDatabase = POSTGRES,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.conf = conf
+        self.monotonic = monotonic
         #: Where claims of asynchronous channels alone are awaited by the send loop (None: on ``db``).
         self.claim_connection = claim_connection
         self.db = db
@@ -125,6 +132,16 @@ class Claims:
     def reserved(self) -> int:
         """Rows the claim on the claim thread may still return (counted against the tick's batch)."""
         return self.ahead.total if self.ahead is not None else 0
+
+    def plan(self, wanted: Mapping[int, int], now_mono: float) -> list[ChannelClaim]:
+        """What to claim of each channel: ``wanted`` rows for its lease, its tenants' caps with them
+        (engine.tenant_limits); channels that want none are left out."""
+        plan = []
+        for cid, rt in self.runtimes.items():
+            if wanted.get(cid, 0) > 0:
+                caps = rt.tenants.caps(now_mono, RATE_HORIZON_SECONDS) if rt.tenants is not None else None
+                plan.append(ChannelClaim(cid, wanted[cid], rt.lease_seconds(self.conf), caps))
+        return plan
 
     def claim(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> None:
         """Claim up to ``remaining`` rows by ``plan`` here, with one more claim beside it when paired."""
@@ -214,9 +231,13 @@ class Claims:
         """Queue, count and report what a claim returned (on the worker's thread)."""
         runtimes, stats = self.runtimes, self.stats
         got: dict[int, int] = {}
+        now_mono = self.monotonic()
         with self.settle_lock:  # an inline channel's queue is read by the other claim's settling
             for record in batch.records:
-                runtimes[record.channel_id].queue.append(record)
+                rt = runtimes[record.channel_id]
+                rt.queue.append(record)
+                if rt.tenants is not None:
+                    rt.tenants.admit(record)  # it will take one of its tenant's slots
                 got[record.channel_id] = got.get(record.channel_id, 0) + 1
         stats.claims += len(batch.records) + len(batch.settled)
         # Settled-in-claim rows were committed with the claim: account for them now.
@@ -241,4 +262,21 @@ class Claims:
         if not batch.more and not batch.poisoned and len(batch.records) + len(batch.settled) < remaining:
             for p in plan:
                 if got.get(p.channel_id, 0) < p.limit:
-                    runtimes[p.channel_id].exhausted = True
+                    self._short(runtimes[p.channel_id], p, batch, now_mono)
+
+    def _short(self, rt: ChannelRuntime, p: ChannelClaim, batch: ClaimBatch, now_mono: float) -> None:
+        """A channel's claim came back short: no more due rows this tick, unless tenants' limits cut it
+        (engine.tenant_limits): then its next claim waits until one of them has room again."""
+        limiting = []
+        if rt.tenants is not None and p.tenant_caps is not None:
+            tenants = [r.tenant_id for r in batch.records if r.channel_id == p.channel_id]
+            tenants += [o.record.tenant_id for o in batch.settled if o.record.channel_id == p.channel_id]
+            limiting = rt.tenants.limiting(p.tenant_caps, tenants)
+        if not limiting:
+            rt.exhausted = True
+            return
+        assert rt.tenants is not None
+        wait = rt.tenants.room_in(limiting, now_mono, RATE_HORIZON_SECONDS)
+        # At least a few milliseconds (no claim in a loop); at most the horizon, so other tenants'
+        # rows that fall due meanwhile are claimed soon.
+        rt.claim_after = now_mono + min(max(wait, MIN_CLAIM_WAIT_SECONDS), RATE_HORIZON_SECONDS)

@@ -22,7 +22,7 @@ import structlog
 
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, Partitions
+from notifications_retry.delivery import Partitions
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection, Claims
@@ -114,6 +114,7 @@ class Dispatcher:
             claim_thread=claim_thread,
             claim_connection=claim_connection,
             db=db,
+            monotonic=monotonic,
         )
         #: Held while inline channels' state is read or changed: two claims may settle at once.
         self.settle_lock = self.claims.settle_lock
@@ -185,14 +186,8 @@ class Dispatcher:
             claims.take_ahead(bound, wait=not claiming)
             if claiming:
                 with self.settle_lock:
-                    wanted = fit_to_room(
-                        runtimes, {c: rt.capacity(now_mono, chunk) for c, rt in runtimes.items()}
-                    )
-                    plan = [
-                        ChannelClaim(cid, wanted[cid], rt.lease_seconds(self.conf))
-                        for cid, rt in runtimes.items()
-                    ]
-                plan = [p for p in plan if p.limit > 0]
+                    wanted = {c: rt.capacity(now_mono, chunk) for c, rt in runtimes.items()}
+                    plan = claims.plan(fit_to_room(runtimes, wanted), now_mono)
                 if not plan:
                     claims.take_ahead(bound, wait=True)  # nothing to claim beside it: wait, not spin
                 elif ownership.may_send():
@@ -203,7 +198,7 @@ class Dispatcher:
             wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
             # Batch completions, unless a rate-limited channel waits to start its next send: a start
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
-            pacing = any(rt.queue and rt.limiter.limited for rt in runtimes.values())
+            pacing = any(rt.queue and (rt.limiter.limited or rt.tenants) for rt in runtimes.values())
             self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
             queued = any(rt.queue for rt in runtimes.values())
             idle = not self.running and not self.done and not queued and not claims.running
@@ -214,8 +209,13 @@ class Dispatcher:
                 if not claiming:
                     break
                 with self.settle_lock:
-                    if not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values()):
-                        break  # every channel is exhausted, paused or open-circuited for now
+                    stuck = not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values())
+                # Every channel exhausted, paused or open-circuited for now, unless a tenant's limit
+                # only delays a channel's next claim: then wait for it.
+                if stuck and not any(rt.claim_after > self.monotonic() for rt in runtimes.values()):
+                    break
+                if stuck:
+                    completer.wait(min(0.05, self._wait_time(runtimes)), self.sleep)
             elif not calls and queued:
                 # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).
                 completer.wait(min(0.05, self._wait_time(runtimes), completer.wait_hint()), self.sleep)
@@ -238,8 +238,11 @@ class Dispatcher:
     def _settle_one(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome | None:
         """A claimed record of an inline channel, delivered now if it may start (the caller holds the
         settle lock); None leases it for later (a paused channel's is given back by :meth:`_start`)."""
-        if rt.queue or not rt.can_start(self.monotonic()) or not self._may_send():
+        now_mono = self.monotonic()
+        if rt.queue or not rt.can_start(now_mono) or not self._may_send():
             return None
+        if rt.tenants is not None and not rt.tenants.start(record, now_mono):
+            return None  # its tenant's next slot is ahead: leased and queued until then
         return self._send_inline(rt, record, out)
 
     def _may_send(self, at: float | None = None) -> bool:
@@ -263,8 +266,8 @@ class Dispatcher:
                 outcomes: list[Outcome] = []
                 held: list[ClaimedRecord] = []
                 with self.settle_lock:
-                    while rt.queue and rt.can_start(self.monotonic()):
-                        self._send_inline(rt, rt.queue.popleft(), outcomes)
+                    while (record := rt.next_startable(self.monotonic())) is not None:
+                        self._send_inline(rt, record, outcomes)
                     # Paused, or its circuit opened while a claim leased the rest of its rows: nothing
                     # starts them this tick (an exhausted channel's circuit is not looked at again).
                     if rt.queue and _cannot_send(rt, self.monotonic()):
@@ -286,8 +289,8 @@ class Dispatcher:
                 # Claimed by a claim that was already running when the circuit opened (or the
                 # provider asked to wait): nothing would ever start them this tick.
                 given_back = take_queue(rt)
-            while rt.queue and rt.can_start(self.monotonic()):
-                started.append(rt.queue.popleft())
+            while (record := rt.next_startable(self.monotonic())) is not None:
+                started.append(record)
                 rt.begin(self.monotonic())
                 rt.inflight += 1
                 self.running += 1
@@ -340,8 +343,8 @@ class Dispatcher:
             # This call no longer counts against the channel's concurrency: at full concurrency the
             # next record would otherwise wait for the dispatcher's next pass to start it.
             rt.inflight -= 1
-            if rt.queue and rt.can_start(self.monotonic()) and self._may_send():
-                record = rt.queue.popleft()
+            if self._may_send() and (next_record := rt.next_startable(self.monotonic())) is not None:
+                record = next_record
                 rt.begin(self.monotonic())
                 rt.inflight += 1
                 self.running += 1
@@ -390,7 +393,8 @@ class Dispatcher:
 
     def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
         now_mono = self.monotonic()
-        waits = [rt.limiter.wait_time(now_mono) for rt in runtimes.values() if rt.queue]
+        waits = [rt.start_wait(now_mono) for rt in runtimes.values() if rt.queue]
+        waits += [rt.claim_after - now_mono for rt in runtimes.values()]
         return max(0.001, min([0.05, *[w for w in waits if w > 0]]))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
-from notifications_retry.engine.feedback import FlowFeedback
+from notifications_retry.engine.feedback import FlowFeedback, take_queue
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
 
@@ -112,12 +112,13 @@ class Failover:
                 break  # the channel's own provider may be called again: the dispatcher starts them
             fallback = rt.fallback
             if fallback is None or not fallback.accepts_failover(now_mono):
-                given_back = list(rt.queue)
-                rt.queue.clear()
-                return rerouted, given_back
+                return rerouted, take_queue(rt)
             if self.reserve(rt, now_mono) is None:
                 break
-            rerouted.append(Rerouted(fallback, rt.queue.popleft(), not_called(rt, now_mono)))
+            record = rt.queue.popleft()
+            if rt.tenants is not None:
+                rt.tenants.forget([record])  # sent through the fallback: no slot of this channel's
+            rerouted.append(Rerouted(fallback, record, not_called(rt, now_mono)))
         return rerouted, []
 
     async def send(

@@ -59,4 +59,6 @@ def take_queue(rt: ChannelRuntime) -> list[ClaimedRecord]:
     """Empty a channel's queue of claimed, unstarted records and return them."""
     taken = list(rt.queue)
     rt.queue.clear()
+    if rt.tenants is not None:
+        rt.tenants.forget(taken)
     return taken

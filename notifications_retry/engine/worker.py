@@ -30,7 +30,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.bookkeeping import Bookkeeping
-from notifications_retry.engine.channels import ChannelSet
+from notifications_retry.engine.channel_set import ChannelSet
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection
 from notifications_retry.engine.completer import Commits, Completer, commit_in_hand
