@@ -12,6 +12,8 @@ command line, on a webhook channel whose receiver (``bench.sink``, its own proce
    quarter of the rows are sent (its leases run out and its rows are sent again): duplicates against
    the rows it had leased (its calls in flight and the round queued behind them).
 3. rate-limited channel (200/s total), 4 workers: the busiest 1-second window of arrivals.
+   ``tenant``: the channel unlimited, ``TENANT_RATE_LIMITS`` 50/s for every tenant, the rows over 4
+   tenants; with 1 and 4 workers, each tenant's busiest 1-second window (the limit is a total).
 4. the claim's extra reading with N partitions: a claim of 200 rows owning one partition of N, at
    200,000 rows with 10 % due, its time and the rows its index scan read, against N = 1.
 """
@@ -24,7 +26,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +41,7 @@ LOOP = ["--interval", "1", "--batch-size", "100000", "--max-duration", "30"]
 RATIO_TARGETS = {2: 1.8, 4: 3.2}
 RATE = 200.0
 RATE_TARGET = 1.05
+TENANT_RATE, TENANTS = 50.0, 4
 
 # The lane's presence: one shared advisory lock per live worker (engine.partitions).
 _PRESENT = """
@@ -75,8 +78,10 @@ def _leases() -> dict[str, str]:
         return dict(rows.fetchall())
 
 
-def start_workers(count: int, partitions: int, max_in_flight: int, timeout: float) -> list[LoopingWorker]:
-    settings = {"PARTITIONS": partitions}
+def start_workers(
+    count: int, partitions: int, max_in_flight: int, timeout: float, extra: Mapping[str, Any] | None = None
+) -> list[LoopingWorker]:
+    settings = {"PARTITIONS": partitions, **(extra or {})}
     workers = [
         LoopingWorker([*LOOP, "--max-in-flight", str(max_in_flight)], settings=settings) for _ in range(count)
     ]
@@ -98,14 +103,17 @@ def drain(
     max_in_flight: int,
     timeout: float,
     kill_one: bool = False,
+    tenants: int = 0,
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One drain of ``rows`` by ``workers`` looping workers: rows/s at the receiver, duplicates, peak."""
+    """One drain of ``rows`` (over ``tenants``, 0: a tenant each) by ``workers`` looping workers (their
+    ``settings`` added): rows/s at the receiver, duplicates, peak, and each tenant's peak."""
     reset_rows()
     sink.reset()
-    procs = start_workers(workers, partitions, max_in_flight, timeout)
+    procs = start_workers(workers, partitions, max_in_flight, timeout, settings)
     leased_by_victim = 0
     try:
-        add_rows([cid], rows)
+        add_rows([cid], rows, tenants=tenants)
         if kill_one:
             if not wait_for(lambda: sink.count() >= rows // 4, timeout):
                 raise RuntimeError("a quarter of the rows were not sent")
@@ -134,7 +142,18 @@ def drain(
         "leased_by_victim": leased_by_victim,
         "answer_ms": stats["answer_ms_mean"],
         "worker_cpu_ms_per_row": cpu * 1000 / rows,
+        "tenant_peaks": _tenant_peaks(sink) if tenants else [],
     }
+
+
+def _tenant_peaks(sink: Sink) -> list[int]:
+    """Each tenant's busiest 1-second window of first arrivals (the receiver keys them by row id)."""
+    with connect() as conn:
+        tenant_of = dict(conn.execute(f"SELECT id::text, tenant_id::text FROM {TABLE}").fetchall())
+    arrivals: dict[str, list[float]] = {}
+    for key, at in sink.first_arrivals().items():
+        arrivals.setdefault(tenant_of[key], []).append(at)
+    return sorted((max_in_window(times) for times in arrivals.values()), reverse=True)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -260,40 +279,73 @@ def _measure(args: argparse.Namespace) -> int:
         print(table(header, lines))
         print(f"({os.cpu_count()} CPUs, shared with PostgreSQL and the receiver)")
 
-        if "kill" not in args.parts:
-            return _finish(args, missed)
-        killed = drain(sink, cid, workers=4, rows=args.rows, max_in_flight=16, kill_one=True, **common)
-        if killed["duplicates"] > killed["leased_by_victim"] or killed["distinct"] != args.rows:
-            missed.append("duplicates after SIGKILL above the killed worker's leased rows, or rows lost")
-        print("\n4 workers, one SIGKILLed after a quarter of the rows:")
-        print(
-            table(
-                [
-                    "rows sent",
-                    "duplicate sends",
-                    "rows the killed worker had leased",
-                ],
-                [[f"{killed['distinct']:,}", f"{killed['duplicates']}", f"{killed['leased_by_victim']}"]],
-            )
-        )
-
-        if "rate" not in args.parts:
-            return _finish(args, missed)
-        ChannelConfig.objects.filter(pk=cid).update(rate_limit_per_second=RATE)
-        rate_rows = int(RATE * args.rate_seconds)
-        peaks = []
-        for count in (1, 4):
-            r = drain(sink, cid, workers=count, rows=rate_rows, max_in_flight=16, **common)
-            peaks.append(
-                [f"{count}", f"{r['peak_1s']}", f"{RATE * RATE_TARGET:.0f}", f"{r['rows_per_s']:,.0f}"]
-            )
-            if r["peak_1s"] > RATE * RATE_TARGET:
-                missed.append(f"busiest 1-s window {r['peak_1s']} with {count} workers")
-        print(f"\nRate-limited channel ({RATE:.0f}/s in total), {rate_rows:,} rows:")
-        print(table(["workers", "busiest 1-s window", "target ≤", "rows/s"], peaks))
+        if "kill" in args.parts:
+            _kill_part(args, sink, cid, common, missed)
+        if "rate" in args.parts:
+            _rate_part(args, sink, cid, common, missed)
+        if "tenant" in args.parts:
+            _tenant_part(args, sink, cid, common, missed)
     finally:
         sink.stop()
     return _finish(args, missed)
+
+
+def _kill_part(
+    args: argparse.Namespace, sink: Sink, cid: int, common: dict[str, Any], missed: list[str]
+) -> None:
+    killed = drain(sink, cid, workers=4, rows=args.rows, max_in_flight=16, kill_one=True, **common)
+    if killed["duplicates"] > killed["leased_by_victim"] or killed["distinct"] != args.rows:
+        missed.append("duplicates after SIGKILL above the killed worker's leased rows, or rows lost")
+    print("\n4 workers, one SIGKILLed after a quarter of the rows:")
+    header = ["rows sent", "duplicate sends", "rows the killed worker had leased"]
+    cells = [f"{killed['distinct']:,}", f"{killed['duplicates']}", f"{killed['leased_by_victim']}"]
+    print(table(header, [cells]))
+
+
+def _rate_part(
+    args: argparse.Namespace, sink: Sink, cid: int, common: dict[str, Any], missed: list[str]
+) -> None:
+    from notifications_retry.models import ChannelConfig
+
+    ChannelConfig.objects.filter(pk=cid).update(rate_limit_per_second=RATE)
+    rate_rows = int(RATE * args.rate_seconds)
+    peaks = []
+    for count in (1, 4):
+        r = drain(sink, cid, workers=count, rows=rate_rows, max_in_flight=16, **common)
+        peaks.append([f"{count}", f"{r['peak_1s']}", f"{RATE * RATE_TARGET:.0f}", f"{r['rows_per_s']:,.0f}"])
+        if r["peak_1s"] > RATE * RATE_TARGET:
+            missed.append(f"busiest 1-s window {r['peak_1s']} with {count} workers")
+    ChannelConfig.objects.filter(pk=cid).update(rate_limit_per_second=None)
+    print(f"\nRate-limited channel ({RATE:.0f}/s in total), {rate_rows:,} rows:")
+    print(table(["workers", "busiest 1-s window", "target ≤", "rows/s"], peaks))
+
+
+def _tenant_part(
+    args: argparse.Namespace, sink: Sink, cid: int, common: dict[str, Any], missed: list[str]
+) -> None:
+    rows = int(TENANT_RATE * TENANTS * args.rate_seconds)
+    limits = {"TENANT_RATE_LIMITS": {"*": TENANT_RATE}}
+    lines = []
+    for count in (1, 4):
+        r = drain(
+            sink, cid, workers=count, rows=rows, max_in_flight=16, tenants=TENANTS, settings=limits, **common
+        )
+        peaks = r["tenant_peaks"]
+        lines.append(
+            [
+                f"{count}",
+                " / ".join(str(p) for p in peaks),
+                f"{TENANT_RATE * RATE_TARGET:.0f}",
+                f"{r['rows_per_s']:,.0f}",
+                f"{TENANT_RATE * TENANTS:.0f}",
+            ]
+        )
+        if max(peaks, default=0) > TENANT_RATE * RATE_TARGET:
+            missed.append(f"a tenant's busiest 1-s window {max(peaks)} with {count} workers")
+    print(f"\nTENANT_RATE_LIMITS {TENANT_RATE:.0f}/s for each of {TENANTS} tenants, {rows:,} rows:")
+    print(
+        table(["workers", "each tenant's busiest 1-s window", "target ≤", "rows/s", "the limits' sum"], lines)
+    )
 
 
 def _finish(args: argparse.Namespace, missed: list[str]) -> int:
@@ -323,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts",
         nargs="*",
-        choices=["kill", "rate", "claim"],
-        default=["kill", "rate", "claim"],
+        choices=["kill", "rate", "tenant", "claim"],
+        default=["kill", "rate", "tenant", "claim"],
         help="Parts run after the latency-bound drain.",
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
