@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -80,6 +81,19 @@ def _tenants_after(gate: str, bound: str, wrapped: str) -> str:
 # A round's rows per tenant: what is left to pick, shared among the tenants of the round before.
 _CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 
+# Per-tenant caps (TenantCaps), when a plan has some: the statement takes the fragments below, else it
+# is the text without caps (and so the same plan). The caps travel as one jsonb object (caps_parameter)
+# whose keys are found by bisection, cheap however many tenants are named (an array would be scanned
+# per lookup). A tenant's cap is looked up once, where the walk meets it, and goes with its picks.
+_CAPS_CTE = "), caps AS MATERIALIZED (SELECT %(tenant_caps)s::jsonb AS m\n"
+
+
+def _cap_of(channel: str, tenant: str) -> str:
+    """SQL: ``tenant``'s cap on ``channel``, its own else the channel's default (NULL: no cap)."""
+    named = f"({channel}::text || '/' || COALESCE({tenant}::text, ''))"
+    return f"COALESCE((SELECT m FROM caps) ->> {named}, (SELECT m FROM caps) ->> {channel}::text)::int"
+
+
 # Rows are picked round-robin across a channel's tenants (the null tenant is one of its own), oldest
 # due first within each: the claim takes every tenant's first due row, then every tenant's second, and
 # so on; ``turn`` is a row's rank in its tenant. A tenant with a huge backlog so delays another
@@ -98,19 +112,33 @@ _CHUNK = f"ceil((c.lim * {PICK_FACTOR} - c.taken)::float8 / c.active)::int"
 #   is the one _first_row and _tenants_after read;
 # - then the picks are locked, in (turn, due_at, priority) order, skipping rows another claim holds,
 #   up to the channel's limit (CLAIM_SELECT, below).
-FAIR_PICKS = f"""
-), ring(channel_id, lim, tenant_id, wrapped, last, n, found, id, due_at, priority) AS (
+# With caps, a held tenant (cap 0) has no first row and is not found: the conditions are on the walk's
+# row alone, so PostgreSQL skips the lookup outright (a one-time filter) and never reads its backlog. A
+# tenant goes on to another round only under its cap (``last``), for at most what the cap leaves.
+def _fair_picks(capped: bool) -> str:
+    def on(fragment: str) -> str:
+        return fragment if capped else ""
+
+    col, unheld, first_on = on(", cap"), on(" AND x.cap IS DISTINCT FROM 0"), on("COALESCE(f.cap > 1, true)")
+    goes_on = "x.pos = x.size" + on(" AND COALESCE(c.turn + x.pos < c.cap, true)")
+    chunk = f"LEAST({_CHUNK}, c.cap - c.turn)" if capped else _CHUNK
+    null_cap = on(f"CROSS JOIN LATERAL (SELECT {_cap_of('c.channel_id', 'NULL')} AS cap) k ")
+    step_cap = on(f", {_cap_of('c.channel_id', 'b.tenant_id')} AS cap")
+    null_first = _first_row(on("k.cap IS DISTINCT FROM 0 AND ") + "t.tenant_id IS NULL")
+    first_active = on(f" FILTER (WHERE {first_on})")
+    return f"""
+{on(_CAPS_CTE)}), ring(channel_id, lim, tenant_id, wrapped, last, n, found, id, due_at, priority{col}) AS (
     -- The walk's cursor before its first step: at the start, no tenant of its own.
     SELECT c.channel_id, c.lim, %(start)s::uuid, false, true, 0::bigint, 0::bigint,
-           NULL::uuid, NULL::timestamptz, NULL::smallint
+           NULL::uuid, NULL::timestamptz, NULL::smallint{on(", NULL::int")}
     FROM c
     UNION ALL
     SELECT c.channel_id, c.lim, x.tenant_id, x.wrapped, x.last,
-           c.n + count(*) OVER w, c.found + count(f.id) OVER w, f.id, f.due_at, f.priority
+           c.n + count(*) OVER w, c.found + count(f.id) OVER w, f.id, f.due_at, f.priority{on(", x.cap")}
     FROM ring c
     CROSS JOIN LATERAL (
         -- Each tenant's first entry in the step (its first in the index: a step starts past a tenant).
-        SELECT b.*, row_number() OVER (ORDER BY b.wrapped DESC, b.tenant_id DESC) = 1 AS last
+        SELECT b.*, row_number() OVER (ORDER BY b.wrapped DESC, b.tenant_id DESC) = 1 AS last{step_cap}
         FROM (SELECT DISTINCT ON (e.wrapped, e.tenant_id) e.* FROM (
             -- Past the cursor up to the end of the ids, then round from the lowest up to the start.
             {_tenants_after("NOT c.wrapped", "t.tenant_id > c.tenant_id", "false")}
@@ -124,38 +152,41 @@ FAIR_PICKS = f"""
     -- That entry is the tenant's first due row when it is due and passes the filters; when only the
     -- filters refused it, the tenant's first row that passes them is looked for.
     LEFT JOIN LATERAL (
-        SELECT x.id, x.due_at, x.priority WHERE x.ok
+        SELECT x.id, x.due_at, x.priority WHERE x.ok{unheld}
         UNION ALL
-        ({_first_row("NOT x.ok AND x.due_at <= %(now)s AND t.tenant_id = x.tenant_id")})
+        ({_first_row(f"NOT x.ok{unheld} AND x.due_at <= %(now)s AND t.tenant_id = x.tenant_id")})
     ) f ON true
     WHERE c.last AND c.n < %(tenants)s AND c.found < c.lim * {PICK_FACTOR}
     WINDOW w AS (PARTITION BY c.channel_id)
-), picks(channel_id, lim, tenant_id, id, due_at, priority, turn, last, taken, active) AS (
-    SELECT f.channel_id, f.lim, f.tenant_id, f.id, f.due_at, f.priority, 1, true,
-           count(*) OVER w, count(*) OVER w
-    FROM (SELECT channel_id, lim, tenant_id, id, due_at, priority FROM ring WHERE id IS NOT NULL
+), picks(channel_id, lim, tenant_id, id, due_at, priority, turn, last, taken, active{col}) AS (
+    SELECT f.channel_id, f.lim, f.tenant_id, f.id, f.due_at, f.priority, 1, {first_on or "true"},
+           count(*) OVER w, count(*){first_active} OVER w{on(", f.cap")}
+    FROM (SELECT channel_id, lim, tenant_id, id, due_at, priority{col} FROM ring WHERE id IS NOT NULL
           UNION ALL
-          SELECT c.channel_id, c.lim, NULL, x.id, x.due_at, x.priority
-          FROM c CROSS JOIN LATERAL ({_first_row("t.tenant_id IS NULL")}
+          SELECT c.channel_id, c.lim, NULL, x.id, x.due_at, x.priority{on(", k.cap")}
+          FROM c {null_cap}CROSS JOIN LATERAL ({null_first}
           ) x) f
     WINDOW w AS (PARTITION BY f.channel_id)
     UNION ALL
     SELECT c.channel_id, c.lim, c.tenant_id, x.id, x.due_at, x.priority,
-           (c.turn + x.pos)::int, x.pos = x.size,
-           c.taken + count(*) OVER w, count(*) FILTER (WHERE x.pos = x.size) OVER w
+           (c.turn + x.pos)::int, {goes_on},
+           c.taken + count(*) OVER w, count(*) FILTER (WHERE {goes_on}) OVER w{on(", c.cap")}
     FROM picks c CROSS JOIN LATERAL (
         SELECT y.*, row_number() OVER (ORDER BY y.due_at, y.priority, y.id) AS pos, count(*) OVER () AS size
         FROM (
             -- t.tenant_id = NULL matches nothing: the null tenant's rows have a branch of their own.
-            ({_first_row("t.tenant_id = c.tenant_id", after="c", limit=_CHUNK)})
+            ({_first_row("t.tenant_id = c.tenant_id", after="c", limit=chunk)})
             UNION ALL
-            ({_first_row("c.tenant_id IS NULL AND t.tenant_id IS NULL", after="c", limit=_CHUNK)})
+            ({_first_row("c.tenant_id IS NULL AND t.tenant_id IS NULL", after="c", limit=chunk)})
         ) y
     ) x
     WHERE c.last AND c.taken < c.lim * {PICK_FACTOR}
     WINDOW w AS (PARTITION BY c.channel_id)
 )
 """
+
+
+FAIR_PICKS = _fair_picks(capped=False)
 
 # The picks of a claim of one row (``only``: a batch the database refused is claimed again row by row):
 # that row, by primary key, instead of a walk that would search each tenant's rows for it.
@@ -205,7 +236,7 @@ CROSS JOIN LATERAL (
     -- rough). The due condition is checked again on the row as locked (a claim beside this one may
     -- have leased it since); IS TRUE, so that no due index serves it instead of the key.
     SELECT t.*, {{estimate}} AS estimate, p.turn
-    FROM (SELECT * FROM picks WHERE picks.channel_id = c.channel_id
+    FROM (SELECT * FROM picks WHERE picks.channel_id = c.channel_id{{within_cap}}
           ORDER BY turn, due_at, priority, id LIMIT c.lim * {PICK_FACTOR} + %(tenants)s) p
     JOIN {_TABLE} t ON t.id = ANY(ARRAY[p.id])
     WHERE (t.channel_id = c.channel_id AND t.due_at <= %(now)s) IS TRUE {{filters}}
@@ -222,9 +253,17 @@ OFFSET 0
 ORDER BY s.turn, s.due_at, s.priority, s.id
 """
 
-#: The claim's statement (``{filters}`` and ``{estimate}`` to fill in), and the one of a claim of one row.
-CLAIM_SELECT = _CLAIM.replace("{picks}", FAIR_PICKS)
-CLAIM_SELECT_ONE = _CLAIM.replace("{picks}", ONE_PICK)
+#: The claim's statement (``{filters}`` and ``{estimate}`` to fill in), and the one of a claim of one row;
+#: with per-tenant caps, the same two with the caps' fragments.
+_LOCK = _CLAIM.replace("{within_cap}", "")
+CLAIM_SELECT = _LOCK.replace("{picks}", FAIR_PICKS)
+CLAIM_SELECT_ONE = _LOCK.replace("{picks}", ONE_PICK)
+# With caps the lock step takes no row past its tenant's cap either (the picks' bound, checked again),
+# and the claim of one row refuses a held tenant's.
+_WITHIN_CAP = " AND picks.turn <= COALESCE(picks.cap, picks.turn)"
+CLAIM_SELECT_CAPPED = _CLAIM.replace("{within_cap}", _WITHIN_CAP).replace("{picks}", _fair_picks(capped=True))
+_ONE_UNHELD = f"{{filters}} AND {_cap_of('c.channel_id', 't.tenant_id')} IS DISTINCT FROM 0"
+CLAIM_SELECT_ONE_CAPPED = _LOCK.replace("{picks}", _CAPS_CTE + ONE_PICK.replace("{filters}", _ONE_UNHELD))
 
 # Ids and lease lengths travel as comma-joined text: a psycopg array parameter is quoted element by
 # element in Python (a datetime costs more than its row's share of the statement).
@@ -291,7 +330,8 @@ def claim_query(
 
     ``max_payload_bytes`` (what a compressed payload counts as) defaults to the ``MAX_PAYLOAD_BYTES``
     setting. ``partitions``: only rows of these partitions (None: every row). ``server_version``:
-    PostgreSQL's (``server_version_num``), by default as Django's connection read it.
+    PostgreSQL's (``server_version_num``), by default as Django's connection read it. A plan with
+    per-tenant caps (ChannelClaim.tenant_caps) gets the statement with caps, and their parameter.
     """
     filters = []
     # The walk over tenants counts a tenant whatever partition its rows are in, and finds one with a row
@@ -325,8 +365,28 @@ def claim_query(
     if server_version is None:  # Django's PostgreSQL backend reads it once per connection wrapper
         server_version = int(getattr(connection, "pg_version", 0))
     estimate = ESTIMATE_14 if server_version >= 140000 else ESTIMATE_13
-    statement = CLAIM_SELECT if only is None else CLAIM_SELECT_ONE
+    tenant_caps = caps_parameter(plan)
+    if tenant_caps is None:
+        statement = CLAIM_SELECT if only is None else CLAIM_SELECT_ONE
+    else:
+        params["tenant_caps"] = tenant_caps
+        statement = CLAIM_SELECT_CAPPED if only is None else CLAIM_SELECT_ONE_CAPPED
     return statement.format(filters=" ".join(filters), estimate=estimate), params
+
+
+def caps_parameter(plan: Sequence[ChannelClaim]) -> str | None:
+    """The plan's per-tenant caps as the claim reads them (``tenant_caps``, a jsonb object's text): a
+    channel's default under its id, a tenant's own cap under ``<channel>/<tenant>``, the null tenant's
+    under ``<channel>/``. None when no channel has a cap: the claim without caps."""
+    named: dict[str, int] = {}
+    for p in plan:
+        if p.tenant_caps is None:
+            continue
+        if p.tenant_caps.default is not None:
+            named[str(p.channel_id)] = max(0, p.tenant_caps.default)
+        for tenant, cap in p.tenant_caps.caps.items():
+            named[f"{p.channel_id}/{'' if tenant is None else tenant}"] = max(0, cap)
+    return json.dumps(named) if named else None
 
 
 def ring_start(now: datetime) -> uuid.UUID:
