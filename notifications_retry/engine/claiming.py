@@ -140,6 +140,8 @@ class Claims:
         for cid, rt in self.runtimes.items():
             if wanted.get(cid, 0) > 0:
                 caps = rt.tenants.caps(now_mono, RATE_HORIZON_SECONDS) if rt.tenants is not None else None
+                if caps is not None:
+                    metrics.TENANTS_HELD.labels(rt.key).set(sum(1 for cap in caps.caps.values() if cap == 0))
                 plan.append(ChannelClaim(cid, wanted[cid], rt.lease_seconds(self.conf), caps))
         return plan
 

@@ -85,6 +85,11 @@ CIRCUIT_STATE = Gauge(
     ["channel"],
 )
 CIRCUIT_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+TENANTS_HELD = Gauge(
+    "notifications_retry_tenants_held",
+    "Tenants at their TENANT_RATE_LIMITS limit on a channel, as this worker's last claim of it saw them.",
+    ["channel"],
+)
 POISONED = Counter(
     "notifications_retry_poisoned_rows_total",
     "Due rows the claim could not read or lease, set aside (logged as item-quarantined).",

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from notifications_retry.conf import RetrySettings, settings_problems, tenant_rate_limits
 from notifications_retry.delivery import ChannelClaim, ClaimBatch, TenantCaps
@@ -232,6 +233,12 @@ def test_a_held_tenant_does_not_make_the_tick_claim_in_a_loop():
     # The claim after a cut-short one waits for the tenant's room, at most the horizon (other
     # tenants' rows may fall due meanwhile): about one a horizon, not a claim in a loop.
     assert len(db.claims) <= time.t / HORIZON + 6
+    # The gauge says how many tenants the last claim held at their limit.
+    assert any(0 in caps.caps.values() for caps in db.caps_seen if caps is not None)
+    last = db.caps_seen[-1]
+    assert last is not None
+    held = REGISTRY.get_sample_value("notifications_retry_tenants_held", {"channel": rt.key})
+    assert held == sum(1 for cap in last.caps.values() if cap == 0)
     assert time.t == pytest.approx(2.5, abs=0.3)
 
 
