@@ -203,3 +203,10 @@ def test_scale_bench_prints_ratios_duplicates_the_rate_window_and_the_claims_rea
     drains = table_rows(out, ["1 ", "2 ", "4 "])
     assert set(drains) == {"1 ", "2 ", "4 "}, out
     assert "one SIGKILLed" in out and "Index Scan" in out and "Targets missed:" in out
+    assert "TENANT_RATE_LIMITS 50/s for each of 4 tenants" in out, out
+    tenant_part = out.split("TENANT_RATE_LIMITS 50/s")[1].split("Claim of")[0]
+    tenants = table_rows(tenant_part, ["1 ", "4 "])
+    assert set(tenants) == {"1 ", "4 "}, out
+    # Each tenant's busiest second, in the run's order of workers: within the limit and its margin.
+    peaks = [int(p) for cells in tenants.values() for p in cells[1].split(" / ")]
+    assert len(peaks) == 8 and max(peaks) <= 52, out
