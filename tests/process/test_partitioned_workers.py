@@ -1,15 +1,17 @@
 """PARTITIONS=4 with 1, 2 and 4 real worker processes on one backlog: every row sent once, the work spread
-over the workers, and a SIGKILLed worker's partitions taken over (duplicates only of its calls in flight)."""
+over the workers, and a SIGKILLed worker's partitions taken over (duplicates only of its calls in flight);
+a tenant's TENANT_RATE_LIMITS limit is a total over the workers."""
 
 from __future__ import annotations
 
+import bisect
 import signal
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from tests.process.conftest import seed_due
@@ -32,6 +34,15 @@ SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND mode = 'ShareLock'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
+
+
+def call_times(path: Path) -> dict[str, float]:
+    """When each notification's first provider call started (the provider's clock, time.time())."""
+    times: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        _, nid, _, at = line.split()
+        times.setdefault(nid, float(at))
+    return times
 
 
 def calls(path: Path) -> list[tuple[int, str]]:
@@ -139,3 +150,41 @@ def test_a_worker_that_joins_mid_drain_is_given_its_share(start_worker, tmp_path
     # The first gave back half its partitions: the second sent a real part of the rest.
     assert per_worker[second.pid] > rows // 5, per_worker
     assert_one_event_per_final_outcome()
+
+
+def test_a_tenants_limit_is_a_total_over_the_workers(start_worker, tmp_path):
+    call_log = tmp_path / "calls.log"
+    channel = slow_channel(call_log, max_concurrency=32)
+    limit, rows, tenants = (
+        20,
+        120,
+        ["00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"],
+    )
+    settings = {**SETTINGS, "TENANT_RATE_LIMITS": {"*": limit}}
+    workers = [start_worker(LOOP, settings, name=f"w{i}") for i in range(2)]
+    try:
+        wait_until(lambda: _present() == 2, 60, message="2 workers present")
+        with transaction.atomic():  # the rows appear with their tenants at once
+            seed_due(channel, rows)
+            NotificationEntity.objects.filter(channel=channel).update(tenant_id=tenants[0])
+            half = NotificationEntity.objects.filter(channel=channel).order_by("id")[: rows // 2]
+            NotificationEntity.objects.filter(pk__in=list(half.values_list("pk", flat=True))).update(
+                tenant_id=tenants[1]
+            )
+        sent = NotificationEntity.objects.filter(status="sent")
+        wait_until(lambda: sent.count() == rows, 60, 0.2, "every row sent")
+    finally:
+        for worker in workers:
+            worker.kill()
+    made = calls(call_log)
+    assert len({nid for _, nid in made}) == rows == len(made)  # each row sent once
+    assert len({pid for pid, _ in made}) == 2, "both workers sent"
+    started = call_times(call_log)
+    tenant_of = {str(pk): str(t) for pk, t in NotificationEntity.objects.values_list("pk", "tenant_id")}
+    for tenant in tenants:
+        times = sorted(at for nid, at in started.items() if tenant_of[nid] == tenant)
+        assert len(times) == rows // 2
+        # Counted over both workers, never above the limit in any second (each worker keeps half).
+        busiest = max(bisect.bisect_left(times, t + 1.0, lo=i) - i for i, t in enumerate(times))
+        assert busiest <= limit * 1.05, (tenant, busiest)
+        assert times[-1] - times[0] >= (rows // 2 - 1) / limit * 0.9, "limited, not merely slow"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import ClassVar
 
 from notifications_retry.exceptions import ProviderThrottled
@@ -14,7 +15,7 @@ def _log_call(path: str | None, message: OutgoingMessage) -> None:
     if path:
         # O_APPEND writes of one short line are atomic, so concurrent processes do not interleave.
         with open(path, "a") as f:
-            f.write(f"{os.getpid()} {message.notification_id} {message.attempt}\n")
+            f.write(f"{os.getpid()} {message.notification_id} {message.attempt} {time.time():.6f}\n")
 
 
 class ProcessCrashProvider(Provider):
