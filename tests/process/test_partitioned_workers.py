@@ -184,7 +184,8 @@ def test_a_tenants_limit_is_a_total_over_the_workers(start_worker, tmp_path):
     for tenant in tenants:
         times = sorted(at for nid, at in started.items() if tenant_of[nid] == tenant)
         assert len(times) == rows // 2
-        # Counted over both workers, never above the limit in any second (each worker keeps half).
+        # Counted over both workers, never above the limit in any second (each worker keeps half); one
+        # more per worker for the moment between a start and the provider's line, which may vary.
         busiest = max(bisect.bisect_left(times, t + 1.0, lo=i) - i for i, t in enumerate(times))
-        assert busiest <= limit * 1.05, (tenant, busiest)
+        assert busiest <= limit + 2, (tenant, busiest)
         assert times[-1] - times[0] >= (rows // 2 - 1) / limit * 0.9, "limited, not merely slow"
