@@ -11,7 +11,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   the records their channels can no longer send on.
 - ``.claiming``: the tick's claims (a second one beside it on a backlog of inline rows) and taking in
   what each claim returned.
-- ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel.
+- ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel;
+  what a finished call hands back (``Finished``, ``Returned``).
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
 - ``.loop_completer``: the completer's commits as a task of the send loop, on a connection of their
   own; a batch that needs Django's ORM is committed on Django's connection.

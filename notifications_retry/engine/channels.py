@@ -202,6 +202,11 @@ class ChannelRuntime:
         self.limiter.take(now_mono)
         self.breaker.started()
 
+    def cannot_send(self, now_mono: float) -> bool:
+        """Whether queued records cannot start before the pause or the circuit's cool-down ends (half
+        open, they wait for the probe's answer)."""
+        return now_mono < self.paused_until or self.breaker.state == self.breaker.OPEN
+
     def can_start(self, now_mono: float) -> bool:
         """Whether a send on this channel's own provider may start now."""
         if self.bypassed(now_mono) or not self.limiter.ready(now_mono):

@@ -28,7 +28,7 @@ from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
-from notifications_retry.engine.failover import Failover, Rerouted, Returned, eligible
+from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.give_back import GiveBack
 from notifications_retry.engine.in_flight import fit_to_room
@@ -47,16 +47,6 @@ COLLECT_DELAY_SECONDS = 0.002
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
 LOCK_CHECK_SECONDS = 0.5
-
-
-class Finished:
-    """A call that ended: its outcome, and the queued records its channels could no longer send
-    (the primary's and, after a failover, the fallback's)."""
-
-    __slots__ = ("outcome", "returns")
-
-    def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
-        self.outcome, self.returns = outcome, returns
 
 
 class Dispatcher:
@@ -90,6 +80,8 @@ class Dispatcher:
         self.stopping = stopping
         self.lane_priorities = lane_priorities
         self.running = 0  # calls started and not yet handed back through ``done``
+        #: When the last call started (monotonic): queued records still start after claiming stopped.
+        self.last_start = 0.0
         #: Calls that ended since the last :meth:`collect`, appended by their tasks on this thread.
         self.done: list[Finished] = []
         #: Set when the tick stopped waiting for calls that outlived every bound.
@@ -161,7 +153,12 @@ class Dispatcher:
                 stats.deadline_reached = now_mono >= deadline
             if not claiming and drain_from is None:
                 drain_from = now_mono
-            if drain_from is not None and self.running and now_mono - drain_from > calls_bound:
+            # Each call has its timeout and the grace from its own start, however late it started.
+            if (
+                drain_from is not None
+                and self.running
+                and now_mono - max(drain_from, self.last_start) > calls_bound
+            ):
                 self.abandoned = True
                 bound.error("calls-abandoned", count=self.running, reason="past the channel timeout")
                 break
@@ -270,7 +267,7 @@ class Dispatcher:
                         self._send_inline(rt, record, outcomes)
                     # Paused, or its circuit opened while a claim leased the rest of its rows: nothing
                     # starts them this tick (an exhausted channel's circuit is not looked at again).
-                    if rt.queue and _cannot_send(rt, self.monotonic()):
+                    if rt.queue and rt.cannot_send(self.monotonic()):
                         held = take_queue(rt)
                 self.completer.add(outcomes)
                 if held and self.monotonic() < rt.paused_until:
@@ -285,7 +282,8 @@ class Dispatcher:
                 with self.settle_lock:  # the fallback may be an inline channel
                     rerouted, given_back = self.failover.reroute(rt)
                 self.running += len(rerouted)
-            elif rt.queue and _cannot_send(rt, self.monotonic()):
+                self.last_start = self.monotonic()
+            elif rt.queue and rt.cannot_send(self.monotonic()):
                 # Claimed by a claim that was already running when the circuit opened (or the
                 # provider asked to wait): nothing would ever start them this tick.
                 given_back = take_queue(rt)
@@ -294,6 +292,7 @@ class Dispatcher:
                 rt.begin(self.monotonic())
                 rt.inflight += 1
                 self.running += 1
+                self.last_start = self.monotonic()
             if started:
                 self.send_loop().spawn(self._slot(rt, record) for record in started)
             if rerouted:
@@ -333,6 +332,7 @@ class Dispatcher:
                 with self.settle_lock:  # the fallback may be an inline channel
                     fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
                 if fallback is not None:
+                    self.last_start = self.monotonic()
                     outcome, returned = await self.failover.send(rt, fallback, record, outcome)
                     returns.append(returned)
             at = self.monotonic()
@@ -348,6 +348,7 @@ class Dispatcher:
                 rt.begin(self.monotonic())
                 rt.inflight += 1
                 self.running += 1
+                self.last_start = self.monotonic()
                 continue
             return
 
@@ -396,9 +397,3 @@ class Dispatcher:
         waits = [rt.start_wait(now_mono) for rt in runtimes.values() if rt.queue]
         waits += [rt.claim_after - now_mono for rt in runtimes.values()]
         return max(0.001, min([0.05, *[w for w in waits if w > 0]]))
-
-
-def _cannot_send(rt: ChannelRuntime, now_mono: float) -> bool:
-    """Whether a channel's queued records cannot start before its pause or its circuit's cool-down ends
-    (half open, they wait for the probe's answer)."""
-    return now_mono < rt.paused_until or rt.breaker.state == rt.breaker.OPEN

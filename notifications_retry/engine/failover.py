@@ -47,6 +47,16 @@ class Returned:
     at: float
 
 
+class Finished:
+    """A call that ended: its outcome, and the queued records its channels could no longer send
+    (the primary's and, after a failover, the fallback's)."""
+
+    __slots__ = ("outcome", "returns")
+
+    def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
+        self.outcome, self.returns = outcome, returns
+
+
 @dataclasses.dataclass(slots=True)
 class Rerouted:
     """A claimed record going straight to ``fallback``: ``why`` its own channel was not called."""
@@ -178,4 +188,4 @@ class Failover:
         )
 
 
-__all__ = ["CIRCUIT_OPEN", "Failover", "Rerouted", "Returned", "eligible", "not_called"]
+__all__ = ["CIRCUIT_OPEN", "Failover", "Finished", "Rerouted", "Returned", "eligible", "not_called"]

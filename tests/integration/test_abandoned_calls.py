@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 from django.test import override_settings
+from structlog.testing import capture_logs
 
 from notifications_retry.engine.worker import ABANDON_GRACE_SECONDS, Worker
 from notifications_retry.models import NotificationEntity
@@ -73,3 +74,29 @@ def test_hung_call_is_abandoned_as_a_timeout(clock, provider_key):
         row.refresh_from_db()
         assert (row.status, row.error_kind, row.claim_token) == (Status.FAILED, "timeout", None)
         assert row.last_error == "provider did not return within 0.5s"
+
+
+@override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": PROVIDERS})
+def test_a_record_started_after_the_deadline_has_its_whole_timeout_and_is_not_abandoned(clock):
+    # One call at a time, each timing out at 1 s: calls start at 0 s, 1 s and 2 s. The tick stops
+    # claiming at 1.3 s, holding the record that starts at 2 s: its timeout ends at 3 s, past the
+    # deadline plus the calls' bound (1.3 + 1.0 + 0.5), so a bound counted from the deadline abandoned
+    # it and left its row leased; counted from each call's start, its timeout is committed.
+    channel = ChannelFactory(key="slow", provider_key="hang_async", timeout_seconds=1.0, max_concurrency=1)
+    for _ in range(10):
+        NotificationFactory(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=5),
+        )
+    worker = Worker(clock=clock, rng=random.Random(1), max_duration=1.3)
+    try:
+        with capture_logs() as logs:
+            stats = worker.tick()
+    finally:
+        worker.close()
+    assert not [e for e in logs if e["event"] == "calls-abandoned"], logs
+    tried = NotificationEntity.objects.filter(attempts=2)
+    assert stats.retried == tried.count() >= 2
+    assert set(tried.values_list("status", "error_kind", "claim_token")) == {(Status.FAILED, "timeout", None)}
