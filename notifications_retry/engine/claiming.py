@@ -269,16 +269,16 @@ class Claims:
     def _short(self, rt: ChannelRuntime, p: ChannelClaim, batch: ClaimBatch, now_mono: float) -> None:
         """A channel's claim came back short: no more due rows this tick, unless tenants' limits cut it
         (engine.tenant_limits): then its next claim waits until one of them has room again."""
+        limits, caps = rt.tenants, p.tenant_caps
         limiting = []
-        if rt.tenants is not None and p.tenant_caps is not None:
+        if limits is not None and caps is not None:
             tenants = [r.tenant_id for r in batch.records if r.channel_id == p.channel_id]
             tenants += [o.record.tenant_id for o in batch.settled if o.record.channel_id == p.channel_id]
-            limiting = rt.tenants.limiting(p.tenant_caps, tenants)
-        if not limiting:
+            limiting = limits.limiting(caps, tenants)
+        if limits is None or not limiting:
             rt.exhausted = True
             return
-        assert rt.tenants is not None
-        wait = rt.tenants.room_in(limiting, now_mono, RATE_HORIZON_SECONDS)
+        wait = limits.room_in(limiting, now_mono, RATE_HORIZON_SECONDS)
         # At least a few milliseconds (no claim in a loop); at most the horizon, so other tenants'
         # rows that fall due meanwhile are claimed soon.
         rt.claim_after = now_mono + min(max(wait, MIN_CLAIM_WAIT_SECONDS), RATE_HORIZON_SECONDS)

@@ -195,7 +195,9 @@ class Dispatcher:
             wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
             # Batch completions, unless a rate-limited channel waits to start its next send: a start
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
-            pacing = any(rt.queue and (rt.limiter.limited or rt.tenants) for rt in runtimes.values())
+            pacing = any(
+                rt.queue and (rt.limiter.limited or rt.tenants is not None) for rt in runtimes.values()
+            )
             self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
             queued = any(rt.queue for rt in runtimes.values())
             idle = not self.running and not self.done and not queued and not claims.running
@@ -289,10 +291,7 @@ class Dispatcher:
                 given_back = take_queue(rt)
             while (record := rt.next_startable(self.monotonic())) is not None:
                 started.append(record)
-                rt.begin(self.monotonic())
-                rt.inflight += 1
-                self.running += 1
-                self.last_start = self.monotonic()
+                self._call_started(rt)
             if started:
                 self.send_loop().spawn(self._slot(rt, record) for record in started)
             if rerouted:
@@ -343,14 +342,20 @@ class Dispatcher:
             # This call no longer counts against the channel's concurrency: at full concurrency the
             # next record would otherwise wait for the dispatcher's next pass to start it.
             rt.inflight -= 1
-            if self._may_send() and (next_record := rt.next_startable(self.monotonic())) is not None:
+            next_record = rt.next_startable(self.monotonic()) if rt.queue and self._may_send() else None
+            if next_record is not None:
                 record = next_record
-                rt.begin(self.monotonic())
-                rt.inflight += 1
-                self.running += 1
-                self.last_start = self.monotonic()
+                self._call_started(rt)
                 continue
             return
+
+    def _call_started(self, rt: ChannelRuntime) -> None:
+        """A call on ``rt``'s own provider starts now: its rate and concurrency slots, the tick's count."""
+        now_mono = self.monotonic()
+        rt.begin(now_mono)
+        rt.inflight += 1
+        self.running += 1
+        self.last_start = now_mono
 
     def _hand_over(self, finished: Finished) -> None:
         """A call ended: its outcome waits in :attr:`done`, and the dispatcher's wait ends."""

@@ -6,7 +6,6 @@ import asyncio
 import random
 import threading
 import time
-from datetime import timedelta
 from typing import ClassVar
 
 import pytest
@@ -16,7 +15,8 @@ from structlog.testing import capture_logs
 from notifications_retry.engine.worker import ABANDON_GRACE_SECONDS, Worker
 from notifications_retry.models import NotificationEntity
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
-from tests.factories import ChannelFactory, NotificationFactory
+from tests.factories import ChannelFactory
+from tests.support.due_rows import due_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -51,15 +51,7 @@ PROVIDERS = {
 def test_hung_call_is_abandoned_as_a_timeout(clock, provider_key):
     RELEASE.clear()
     channel = ChannelFactory(key="slow", provider_key=provider_key, timeout_seconds=0.5, max_concurrency=2)
-    rows = [
-        NotificationFactory(
-            channel=channel,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=5),
-        )
-        for _ in range(2)
-    ]
+    rows = due_rows(clock, channel, None, 2, ago=5, spread=0)
     worker = Worker(clock=clock, rng=random.Random(1))
     started = time.monotonic()
     try:
@@ -83,13 +75,7 @@ def test_a_record_started_after_the_deadline_has_its_whole_timeout_and_is_not_ab
     # deadline plus the calls' bound (1.3 + 1.0 + 0.5), so a bound counted from the deadline abandoned
     # it and left its row leased; counted from each call's start, its timeout is committed.
     channel = ChannelFactory(key="slow", provider_key="hang_async", timeout_seconds=1.0, max_concurrency=1)
-    for _ in range(10):
-        NotificationFactory(
-            channel=channel,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=5),
-        )
+    due_rows(clock, channel, None, 10, ago=5, spread=0)
     worker = Worker(clock=clock, rng=random.Random(1), max_duration=1.3)
     try:
         with capture_logs() as logs:

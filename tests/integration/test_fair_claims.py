@@ -13,28 +13,14 @@ from django.db import connection
 from notifications_retry.delivery import ChannelClaim, claim_due, claim_query
 from notifications_retry.delivery.claim_statements import ring_start
 from notifications_retry.models import NotificationEntity
-from tests.factories import ChannelFactory, NotificationFactory
+from tests.factories import ChannelFactory
+from tests.support.due_rows import due_rows as due
 
 pytestmark = pytest.mark.django_db
 
 Status = NotificationEntity.Status
 Priority = NotificationEntity.Priority
 A, B = uuid.UUID(int=0xA), uuid.UUID(int=0xB)
-
-
-def due(clock, channel, tenant, count, *, ago, spread=1.0, **kwargs):
-    """``count`` Failed rows of ``tenant``, the first due ``ago`` seconds back, each ``spread`` later."""
-    return NotificationEntity.objects.bulk_create(
-        NotificationFactory.build(
-            channel=channel,
-            tenant_id=tenant,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=ago - i * spread),
-            **kwargs,
-        )
-        for i in range(count)
-    )
 
 
 def claim(clock, channels, limit, *, total=None, **kwargs):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import random
 import time
 from datetime import timedelta
@@ -14,6 +13,7 @@ from structlog.testing import capture_logs
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.arrivals import max_in_window
 from tests.support.http_server import Reply
 
 pytestmark = pytest.mark.django_db
@@ -46,11 +46,6 @@ def due(clock, channel, count, **kwargs):
         )
         for i in range(count)
     ]
-
-
-def max_in_window(times, window=1.0):
-    times = sorted(times)
-    return max(bisect.bisect_left(times, t + window, lo=i) - i for i, t in enumerate(times))
 
 
 def circuit_events(logs):

@@ -16,7 +16,8 @@ from psycopg import AsyncClientCursor
 from notifications_retry.delivery import ChannelClaim, TenantCaps, claim_due, claim_due_async, claim_query
 from notifications_retry.delivery.claim_statements import CLAIM_SELECT
 from notifications_retry.models import NotificationEntity
-from tests.factories import ChannelFactory, NotificationFactory
+from tests.factories import ChannelFactory
+from tests.support.due_rows import due_rows as due
 
 pytestmark = pytest.mark.django_db
 
@@ -24,21 +25,6 @@ TABLE = NotificationEntity._meta.db_table
 Status = NotificationEntity.Status
 Priority = NotificationEntity.Priority
 A, B, C, H = (uuid.UUID(int=n) for n in (0xA, 0xB, 0xC, 0xD))
-
-
-def due(clock, channel, tenant, count, *, ago, spread=1.0, **kwargs):
-    """``count`` Failed rows of ``tenant``, the first due ``ago`` seconds back, each ``spread`` later."""
-    return NotificationEntity.objects.bulk_create(
-        NotificationFactory.build(
-            channel=channel,
-            tenant_id=tenant,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=ago - i * spread),
-            **kwargs,
-        )
-        for i in range(count)
-    )
 
 
 _BACKLOG = f"""

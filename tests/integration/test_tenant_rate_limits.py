@@ -5,16 +5,16 @@ beside them, and a tenant at its limit is left due in the table, not leased and 
 
 from __future__ import annotations
 
-import bisect
 import random
 import uuid
-from datetime import timedelta
 
 import pytest
 
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
-from tests.factories import ChannelFactory, NotificationFactory
+from tests.factories import ChannelFactory
+from tests.support.arrivals import max_in_window
+from tests.support.due_rows import due_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -23,21 +23,7 @@ A, B = uuid.UUID(int=0xA), uuid.UUID(int=0xB)
 
 
 def due(clock, channel, tenant, count):
-    return NotificationEntity.objects.bulk_create(
-        NotificationFactory.build(
-            channel=channel,
-            tenant_id=tenant,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=60 - i * 0.001),
-        )
-        for i in range(count)
-    )
-
-
-def max_in_window(times, window=1.0):
-    times = sorted(times)
-    return max(bisect.bisect_left(times, t + window, lo=i) - i for i, t in enumerate(times))
+    return due_rows(clock, channel, tenant, count, ago=60, spread=0.001)
 
 
 def arrivals_by_tenant(webhook_server):

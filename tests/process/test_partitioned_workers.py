@@ -4,7 +4,6 @@ a tenant's TENANT_RATE_LIMITS limit is a total over the workers."""
 
 from __future__ import annotations
 
-import bisect
 import signal
 import time
 from collections import Counter
@@ -16,6 +15,7 @@ from django.db import connection, transaction
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from tests.process.conftest import seed_due
 from tests.process.helpers import assert_one_event_per_final_outcome
+from tests.support.arrivals import max_in_window
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -186,6 +186,6 @@ def test_a_tenants_limit_is_a_total_over_the_workers(start_worker, tmp_path):
         assert len(times) == rows // 2
         # Counted over both workers, never above the limit in any second (each worker keeps half); one
         # more per worker for the moment between a start and the provider's line, which may vary.
-        busiest = max(bisect.bisect_left(times, t + 1.0, lo=i) - i for i, t in enumerate(times))
+        busiest = max_in_window(times)
         assert busiest <= limit + 2, (tenant, busiest)
         assert times[-1] - times[0] >= (rows // 2 - 1) / limit * 0.9, "limited, not merely slow"
