@@ -28,8 +28,9 @@ demo-stop:
 
 # The test suite against a real PostgreSQL (the local server, started when it is down), in
 # $(TEST_WORKERS) pytest-xdist processes, a test module per process at a time (each has its own test
-# database; TEST_WORKERS=0 runs in this process alone).
-TEST_WORKERS ?= 2
+# database; TEST_WORKERS=0 runs in this process alone). Three on two cores: the process tests spend
+# most of their time waiting for subprocesses and servers, so a third process fills that time.
+TEST_WORKERS ?= 3
 test: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	bash scripts/ensure-chromium
