@@ -142,7 +142,10 @@ def test_five_terminated_connections_mid_tick_cost_no_duplicate_send(server, sta
             RESUME_BOUND,
             message="a send after the connections were terminated",
         )
-        wait_until(lambda: bool(lock_holders()), RESUME_BOUND, 0.01, "the lock connection is back")
+        try:
+            wait_until(lambda: bool(lock_holders()), RESUME_BOUND, 0.01, "the lock connection is back")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the worker's log:\n{worker.output()[-4000:]}") from None
     wait_until(lambda: NotificationEntity.objects.filter(status="sent").count() == 400, 60, 0.2, "all sent")
     worker.send(15)
     assert worker.wait(10) == 0
