@@ -1,8 +1,8 @@
 """Endpoint health, written with the outcomes: window counts, automatic state changes, re-enabling.
 
 :func:`record` runs inside finalize's transaction: it adds the batch's provider calls to each
-channel's current bucket (one upsert), and for the channels that failed in the batch, or are in
-``warning``, sums the window and applies what :func:`notifications_retry.health_rules.assess` says. A
+channel's current bucket (one upsert), then sums the window of each channel the batch called and
+applies what :func:`notifications_retry.health_rules.assess` says. A
 change updates the channel (``disabled`` also sets ``is_enabled`` False: its rows wait, untouched),
 records a :class:`~notifications_retry.models.ChannelHealthChange` and inserts a
 ``pin.notifications.channel-health.v1`` outbox event, all in that transaction; the log event, the
@@ -62,7 +62,6 @@ FROM {_CHANNEL} c
 LEFT JOIN {_BUCKET} b ON b.channel_id = c.id
      AND b.bucket_start >= GREATEST(%(since)s, COALESCE(c.health_window_start, %(since)s))
 WHERE c.id = ANY(%(ids)s) AND c.health_state <> 'disabled'
-  AND (c.health_state = 'warning' OR c.id = ANY(%(failing)s))
 GROUP BY c.id
 """
 
@@ -110,9 +109,11 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Healt
     rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, _) in sorted(counts.items())]
     start = health_rules.bucket_start(now, limits)
     yield Statement(_UPSERT, {"rows": json.dumps(rows), "start": start}, rows=False)
-    failing = [cid for cid, (_, f, _) in counts.items() if f]
     since = now - timedelta(seconds=limits.window_seconds)
-    sums = yield Statement(_WINDOW, {"since": since, "ids": list(counts), "failing": failing})
+    # Every channel the batch called, not only those that failed in it: a batch of successes can bring
+    # a window of earlier failures to HEALTH_MIN_ATTEMPTS, and the share is then judged, as documented.
+    # The sum reads at most one window's buckets a channel, in the round trip the batch makes anyway.
+    sums = yield Statement(_WINDOW, {"since": since, "ids": list(counts)})
     changes: list[HealthChange] = []
     for cid, state, attempts, failures in sums:
         window = Window(int(attempts), int(failures), gone=counts[cid][2] > 0)

@@ -173,6 +173,25 @@ def test_a_channel_failing_past_the_ratio_is_warned_then_disabled(clock, webhook
     ]
 
 
+def test_a_success_that_brings_the_window_to_the_minimum_is_judged_on_the_share(
+    clock, webhook_server, settings
+):
+    health_settings(settings)
+    answers = iter([Reply(500, "down")] * 9 + [Reply(200, {"id": "x"})])
+    webhook_server.responder = lambda request: next(answers)
+    channel = hook(webhook_server, max_concurrency=1)
+    due(clock, channel, 9)
+    tick(clock)  # 9 failed of 9: below HEALTH_MIN_ATTEMPTS, the share says too little
+    channel.refresh_from_db()
+    assert channel.health_state == "ok"
+    due(clock, channel, 1)
+    tick(clock)  # a commit of one success: 9 failed of 10 (90 %), past the warning ratio
+    channel.refresh_from_db()
+    assert channel.health_state == "warning" and channel.is_enabled
+    assert "9 of 10 calls failed (90%)" in channel.health_reason
+    assert [e.payload["state"] for e in health_events()] == ["warning"]
+
+
 def test_throttling_counts_neither_way(clock, webhook_server, settings):
     health_settings(settings, HEALTH_MIN_ATTEMPTS=1)
     webhook_server.responder = lambda request: Reply(429, "slow down", headers={"Retry-After": "5"})
