@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench call-timeline
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -114,6 +114,12 @@ fairness-bench: $(VENV)/.installed
 threads-bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.threads $(BENCH_ARGS)
+
+# Where a call's time goes in the latency-bound drain (c=32, 20 ms receiver): calls in flight, a call's
+# time split at the request written and the answer read, the worker's thread outside its send loop.
+call-timeline: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.call_timeline $(BENCH_ARGS)
 
 # What the schema costs the raw drain (WAL bytes, rows/s): triggers, admin-only indexes, fillfactor.
 schema-costs: $(VENV)/.installed

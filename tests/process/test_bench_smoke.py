@@ -126,6 +126,15 @@ def test_fairness_bench_reports_the_small_tenants_lateness_and_the_drain(bench_d
     assert "tenant A's drain took" in out and "Targets missed:" in out
 
 
+def test_call_timeline_splits_a_calls_time_and_the_loops(bench_database: str) -> None:
+    out = run_bench(
+        "bench.call_timeline", bench_database, "--rows", "200", "--concurrency", "8", "--rounds", "1"
+    )
+    assert "written→headers" in out and "outside loop" in out, out
+    line = table_rows(out, ["1 "])
+    assert line and len(line["1 "]) == 11, out
+
+
 def test_bulk_insert_bench_compares_the_wakeup_triggers(bench_database: str) -> None:
     out = run_bench("bench.bulk_insert", bench_database, "--rows", "300")
     variants = ["per statement (shipped)", "per row (migration 0015, before 0017)", "no wake-up trigger"]
