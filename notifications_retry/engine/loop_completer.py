@@ -15,7 +15,9 @@ when; its state is changed on the worker's thread only, inside or between the lo
 A batch the loop's connection cannot commit goes to Django's connection instead, on the worker's
 thread (:meth:`LoopCompleter.due` is true and :meth:`LoopCompleter.commit` runs
 :func:`~notifications_retry.delivery.finalize`): a batch whose commit writes through Django's ORM (a
-channel's health change, a gone mailbox's suppression), or whose statements failed there.
+channel's health change, a gone mailbox's suppression), or whose statements failed there. No commit
+runs on the loop until it is committed: the worker's thread does not run the loop while it commits, so a
+loop commit left mid-transaction would hold rows that commit waits for (the channel's health bucket).
 ``finalize`` tells a refused row (the others are committed one by one) from an outage (the outcomes
 wait, with backoff). Reports are made on the worker's thread outside the loop's steps
 (:meth:`LoopCompleter.deliver`): a signal's receiver may use Django's ORM, which refuses to run inside
@@ -128,6 +130,7 @@ class LoopCompleter:
             batch = self._for_django.popleft()
             self._completer.settle(self._completer.run(batch), bound)
             self.deliver()
+        self._nudge()  # what waits behind it goes back to the loop
 
     def wait_hint(self) -> float:
         """How soon the caller should look again: now for Django's batches, soon while others wait."""
@@ -179,7 +182,7 @@ class LoopCompleter:
         """Start the commit task if outcomes wait and it is not running; wake it if it waits."""
         if self._wake is not None:
             self._wake.set()
-        if not self._task_running and not self._closing and self._completer.pending:
+        if not self._task_running and not self._closing and self._completer.pending and not self._for_django:
             self._connect()
             self._task_running = True
             self._loop.spawn([self._commits()])
@@ -221,12 +224,17 @@ class LoopCompleter:
                 finally:
                     self._committing = 0
                 if result is None:
+                    # Django's connection commits it on the worker's thread, which does not run this loop
+                    # meanwhile. A commit of the next batch here, its transaction left open at a step
+                    # (the health bucket's row locked), would hold up that commit, and neither would
+                    # end: the task stops until the batch is committed (commit() starts it again).
                     self._for_django.append(batch)
-                else:
-                    completer.settle(result, bound)
+                    self._loop.signal()
+                    break
+                completer.settle(result, bound)
                 if not completer.pending:
                     self._flush = False
-                self._loop.signal()  # the worker's wait ends: a report to deliver, or a batch for Django
+                self._loop.signal()  # the worker's wait ends: a report to deliver
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # raised on the worker's thread by deliver()

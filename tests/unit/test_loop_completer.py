@@ -161,6 +161,37 @@ def test_what_the_loop_cannot_commit_is_committed_on_djangos_connection_by_the_c
     assert len(fallbacks) == (1 if isinstance(refusal, psycopg.Error) else 0)
 
 
+def test_no_commit_runs_on_the_loop_while_a_batch_waits_for_djangos_connection(db):
+    # The worker's thread does not run the loop while it commits on Django's connection: a loop commit
+    # begun meanwhile could sit mid-transaction on the rows that commit waits for (the health bucket).
+    commits, loop = make(db, [], max_batch=2)
+    refusals = iter([NeedsDjango("a health change")])
+    committed: list[str] = []
+
+    async def loop_commit(batch: list[Outcome], now: object) -> FinalizeReport:
+        refusal = next(refusals, None)
+        if refusal is not None:
+            raise refusal
+        committed.append("loop")
+        return FinalizeReport(applied=list(batch))
+
+    def django_commit(batch: list[Outcome], now: object) -> FinalizeReport:
+        committed.append("django")
+        return FinalizeReport(applied=list(batch))
+
+    commits._commit_async = loop_commit
+    commits._completer._commit = django_commit
+    commits.add([outcome(ManualClock()) for _ in range(4)])
+    wait_until(commits, commits.due)
+    loop.pause(0.05)
+    commits.due(flush=True)
+    loop.pause(0.05)
+    assert committed == [] and commits.pending == 4, "the second batch waits for the first"
+    commits.commit(None)
+    drain(commits)
+    assert committed == ["django", "loop"] and commits.pending == 0
+
+
 def test_what_breaks_the_task_is_raised_on_the_callers_thread(db):
     commits, _ = make(db, [])
     db.refuse = RuntimeError("bug in a commit")
