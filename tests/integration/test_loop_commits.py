@@ -120,6 +120,49 @@ def test_a_health_change_is_committed_on_djangos_connection_with_its_batch(webho
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_loop_commits_nothing_while_its_batch_for_djangos_connection_waits(
+    webhook_server, clock, settings
+):
+    # The failure that puts the channel in warning goes to Django's connection (a health change); the
+    # deliveries behind it share the channel's health bucket. A loop commit of one of them, left
+    # mid-transaction while the worker's thread committed on Django's connection, held the bucket's row
+    # that commit waited for: neither ended.
+    settings.NOTIFICATIONS_RETRY = {
+        **settings.NOTIFICATIONS_RETRY,
+        "HEALTH_MIN_ATTEMPTS": 2,
+        "HEALTH_WARN_RATIO": 0.5,
+        "HEALTH_DISABLE_RATIO": 1.0,
+        "CIRCUIT_FAILURE_THRESHOLD": 10_000,
+        "CLAIM_CHUNK_SIZE": 1,  # a batch an outcome: the next one is ready as the warning's is handed over
+    }
+    allow_loopback(settings)
+    answers = iter([Reply(200, {"id": "m"}), Reply(500, "down")] + [Reply(200, {"id": "m"})] * 20)
+    webhook_server.responder = lambda r: next(answers)
+    channel = ChannelFactory(
+        key="hook", provider_key="webhook", options={"url": webhook_server.url}, max_concurrency=1
+    )
+    due_notifications(clock, channel, 12)
+    with connection.cursor() as cursor:  # a wait for a row lock fails here instead of hanging the test
+        cursor.execute("SET lock_timeout = '2s'")
+    worker = Worker(batch_size=50, max_duration=30, clock=clock, rng=random.Random(3))
+    recorder = Recorder(worker.completer)
+    try:
+        with capture_logs() as logs:
+            [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    waits = [e for e in logs if e["event"] in ("finalize-fallback", "outcomes-commit-deferred")]
+    assert waits == [], waits
+    # Two batches on Django's connection: the failure (1 of 2: warning) and the delivery after it (1 of
+    # 3: back to ok); every other one on the loop.
+    assert stats.processed == 12 and recorder.on_django == [1, 1], recorder.on_django
+    assert sum(n for _, _, n in recorder.on_loop) == 10
+    changes = ChannelHealthChange.objects.filter(channel=channel).order_by("pk")
+    assert [c.state for c in changes] == ["warning", "ok"]
+    assert NotificationEntity.objects.filter(claim_token__isnull=False).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_gone_mailbox_is_suppressed_by_a_commit_on_djangos_connection(clock):
     channel = ChannelConfig.objects.create(
         key="mail", provider_key="stub", options={"delay_seconds": 0.001}, timeout_seconds=5
