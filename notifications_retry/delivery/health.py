@@ -2,9 +2,9 @@
 
 :func:`record` runs inside finalize's transaction: it adds the batch's provider calls to each
 channel's current bucket (one upsert), then sums the window of each channel the batch called and
-applies what :func:`notifications_retry.health_rules.assess` says. A
-change updates the channel (``disabled`` also sets ``is_enabled`` False: its rows wait, untouched),
-records a :class:`~notifications_retry.models.ChannelHealthChange` and inserts a
+applies what :func:`notifications_retry.health_rules.assess` says. A change updates the channel
+(``disabled`` also sets ``is_enabled`` False: its rows wait, untouched), records a
+:class:`~notifications_retry.models.ChannelHealthChange` and inserts a
 ``pin.notifications.channel-health.v1`` outbox event, all in that transaction; the log event, the
 metric and the ``channel_health_changed`` signal follow its commit. Its statements are
 :func:`window_steps`, so that a commit on the send loop's connection runs them too; a change is

@@ -202,6 +202,11 @@ class ChannelRuntime:
         self.limiter.take(now_mono)
         self.breaker.started()
 
+    @property
+    def paced(self) -> bool:
+        """Whether its records start at a rate limiter's pace: the channel's own, or its tenants'."""
+        return self.limiter.limited or self.tenants is not None
+
     def cannot_send(self, now_mono: float) -> bool:
         """Whether queued records cannot start before the pause or the circuit's cool-down ends (half
         open, they wait for the probe's answer)."""

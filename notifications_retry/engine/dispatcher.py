@@ -195,9 +195,7 @@ class Dispatcher:
             wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
             # Batch completions, unless a rate-limited channel waits to start its next send: a start
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
-            pacing = any(
-                rt.queue and (rt.limiter.limited or rt.tenants is not None) for rt in runtimes.values()
-            )
+            pacing = any(rt.queue and rt.paced for rt in runtimes.values())
             self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
             queued = any(rt.queue for rt in runtimes.values())
             idle = not self.running and not self.done and not queued and not claims.running
@@ -218,10 +216,6 @@ class Dispatcher:
             elif not calls and queued:
                 # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).
                 completer.wait(min(0.05, self._wait_time(runtimes), completer.wait_hint()), self.sleep)
-
-    def finish_claims(self, bound: Any) -> None:
-        """Take in a claim still running on the claim thread, then close that thread's connection."""
-        self.claims.finish(bound)
 
     def finish_calls(self, bound: Any, timeout: float) -> None:
         """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""
@@ -284,7 +278,6 @@ class Dispatcher:
                 with self.settle_lock:  # the fallback may be an inline channel
                     rerouted, given_back = self.failover.reroute(rt)
                 self.running += len(rerouted)
-                self.last_start = self.monotonic()
             elif rt.queue and rt.cannot_send(self.monotonic()):
                 # Claimed by a claim that was already running when the circuit opened (or the
                 # provider asked to wait): nothing would ever start them this tick.
@@ -295,6 +288,7 @@ class Dispatcher:
             if started:
                 self.send_loop().spawn(self._slot(rt, record) for record in started)
             if rerouted:
+                self.last_start = self.monotonic()
                 self.send_loop().spawn(self._rerouted(rt, item) for item in rerouted)
             if given_back:
                 self.give_back.unsendable(rt, given_back)

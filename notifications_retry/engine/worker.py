@@ -322,7 +322,7 @@ class Worker:
                     bound=bound,
                 )
             finally:
-                self.dispatcher.finish_claims(bound)
+                self.dispatcher.claims.finish(bound)  # a claim still running beside, then its connection
                 # Calls still running (an exception left the loop) end within their timeout.
                 self.dispatcher.finish_calls(bound, self._calls_timeout(runtimes.values()))
             self._commit_waiting(bound)
