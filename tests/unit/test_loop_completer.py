@@ -22,13 +22,16 @@ from tests.unit.test_completer import outcome
 
 
 class Database:
-    """Two commit functions: the loop's (asynchronous) and Django's; the loop's can be down or refuse."""
+    """Two commit functions: the loop's (asynchronous) and Django's; the loop's can be down, refuse
+    every batch (``refuse``) or only the next few (``refuse_next``, one error a batch)."""
 
     def __init__(self) -> None:
         self.up = True
         self.refuse: BaseException | None = None
+        self.refuse_next: list[BaseException] = []
         self.on_loop: list[list[Outcome]] = []
         self.on_django: list[list[Outcome]] = []
+        self.committed_on: list[str] = []  # "loop" / "django", in the order the commits happened
         self.loop_running: list[bool] = []
         self.hold: asyncio.Event | None = None
 
@@ -36,15 +39,19 @@ class Database:
         self.loop_running.append(asyncio.get_running_loop().is_running())
         if self.hold is not None:
             await self.hold.wait()
+        if self.refuse_next:
+            raise self.refuse_next.pop(0)
         if self.refuse is not None:
             raise self.refuse
         if not self.up:
             raise CommitUnavailable("connection refused", batch)
         self.on_loop.append(list(batch))
+        self.committed_on.append("loop")
         return FinalizeReport(applied=list(batch))
 
     def django_commit(self, batch: list[Outcome], now: object) -> FinalizeReport:
         self.on_django.append(list(batch))
+        self.committed_on.append("django")
         return FinalizeReport(applied=list(batch))
 
 
@@ -165,31 +172,16 @@ def test_no_commit_runs_on_the_loop_while_a_batch_waits_for_djangos_connection(d
     # The worker's thread does not run the loop while it commits on Django's connection: a loop commit
     # begun meanwhile could sit mid-transaction on the rows that commit waits for (the health bucket).
     commits, loop = make(db, [], max_batch=2)
-    refusals = iter([NeedsDjango("a health change")])
-    committed: list[str] = []
-
-    async def loop_commit(batch: list[Outcome], now: object) -> FinalizeReport:
-        refusal = next(refusals, None)
-        if refusal is not None:
-            raise refusal
-        committed.append("loop")
-        return FinalizeReport(applied=list(batch))
-
-    def django_commit(batch: list[Outcome], now: object) -> FinalizeReport:
-        committed.append("django")
-        return FinalizeReport(applied=list(batch))
-
-    commits._commit_async = loop_commit
-    commits._completer._commit = django_commit
+    db.refuse_next = [NeedsDjango("a health change")]
     commits.add([outcome(ManualClock()) for _ in range(4)])
     wait_until(commits, commits.due)
     loop.pause(0.05)
     commits.due(flush=True)
     loop.pause(0.05)
-    assert committed == [] and commits.pending == 4, "the second batch waits for the first"
+    assert db.committed_on == [] and commits.pending == 4, "the second batch waits for the first"
     commits.commit(None)
     drain(commits)
-    assert committed == ["django", "loop"] and commits.pending == 0
+    assert db.committed_on == ["django", "loop"] and commits.pending == 0
 
 
 def test_what_breaks_the_task_is_raised_on_the_callers_thread(db):
