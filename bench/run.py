@@ -26,7 +26,16 @@ import sys
 
 from bench import ceiling, claims, memory
 from bench.cluster import pg_bin, run_on_server
-from bench.db import add_rows, bench_dbname, channel, recreate_database, reset_rows, setup_django
+from bench.db import (
+    TABLE,
+    add_rows,
+    bench_dbname,
+    channel,
+    connect,
+    recreate_database,
+    reset_rows,
+    setup_django,
+)
 from bench.receiver import Sink, http_drain
 
 PARTS = ["ceiling", "command", "latency", "rate", "claim", "memory"]
@@ -85,8 +94,22 @@ def _parser() -> argparse.ArgumentParser:
         help="private: a throwaway cluster started for the run (default when PostgreSQL's binaries are "
         "installed); url: the server of DATABASE_URL (WAL figures then include its other sessions' writes).",
     )
+    parser.add_argument(
+        "--fillfactor",
+        type=_fillfactor,
+        default=None,
+        help="The notification table's fillfactor for the run (migration 0008 sets 70): what an operator's "
+        "own choice costs in WAL (docs/operations.md, Autovacuum).",
+    )
     parser.add_argument("--child-memory-drain", type=int, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def _fillfactor(text: str) -> int:
+    value = int(text)
+    if not 10 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"a fillfactor is a percentage from 10 to 100, not {value}")
+    return value
 
 
 #: Targets of the engine issue: share of max_concurrency / latency at each concurrency (others: 0.8).
@@ -218,6 +241,11 @@ def _measure(args: argparse.Namespace) -> int:
         row = cursor.fetchone()
         where = "a private cluster" if args.server == "private" else "the server of DATABASE_URL"
         print(f"PostgreSQL {row[0] if row else '?'} on {where}")
+    if args.fillfactor is not None:
+        # A reloption: it outlives the TRUNCATE before each drain, and applies to the rows seeded after it.
+        with connect(autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {TABLE} SET (fillfactor = {args.fillfactor})")
+        print(f"the notification table's fillfactor: {args.fillfactor} (migration 0008 sets 70)")
     if args.profile:
         from bench.profile import profile_drain
 

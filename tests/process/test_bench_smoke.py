@@ -107,6 +107,30 @@ def test_command_drain_times_the_users_command_against_the_lean_drain(bench_data
     assert "The same command on an empty backlog" in out
 
 
+def test_fillfactor_sets_the_notification_tables_for_the_run(bench_database: str) -> None:
+    out = run_bench("bench.run", bench_database, "--only", "claim", "--fillfactor", "40")
+    assert "the notification table's fillfactor: 40" in out, out
+    with psycopg.connect(SERVER_URL, dbname=bench_database) as conn:
+        row = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE relname = 'notifications_retry_notificationentity'"
+        ).fetchone()
+    assert row is not None and "fillfactor=40" in row[0], row
+
+
+def test_a_fillfactor_out_of_range_is_refused_before_anything_runs(bench_database: str) -> None:
+    env = {**os.environ, "DATABASE_URL": SERVER_URL, "NR_BENCH_DATABASE_NAME": bench_database}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--fillfactor", "5"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "a fillfactor is a percentage from 10 to 100, not 5" in done.stderr
+    assert "benchmark" not in done.stdout, "nothing measured"
+
+
 def test_profile_prints_the_top_functions(bench_database: str) -> None:
     out = run_bench("bench.run", bench_database, "--profile", "--profile-rows", "300")
     assert "## Profile of a 300-row no-op drain" in out
