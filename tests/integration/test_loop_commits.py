@@ -250,7 +250,11 @@ def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_
     try:
         due_notifications(clock, channel, 3)
         worker.tick()  # not run(): it closes the worker's connections when it returns
-        [(_, first_pid, _)] = recorder.on_loop
+        # On a loaded machine the completer's delay can end between two answers: one tick's outcomes
+        # may then be committed in more than one batch, so the assertions count outcomes, not batches.
+        first_tick = list(recorder.on_loop)
+        [first_pid] = {pid for _, pid, _ in first_tick}
+        assert sum(n for _, _, n in first_tick) == 3
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [first_pid])
         due_notifications(clock, channel, 3)
@@ -262,8 +266,10 @@ def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_
         worker.close()
     [fallback] = [e for e in logs if e["event"] == "commit-fallback"]
     assert fallback["fallback"] == "django-connection"
-    assert sum(recorder.on_django) == 3 and len(recorder.on_loop) == 2
-    assert recorder.on_loop[1][1] != first_pid, "a new connection took the ended one's place"
+    later = recorder.on_loop[len(first_tick) :]
+    # The batch that found the connection ended went to Django's; the rest of the six, on the loop again.
+    assert recorder.on_django and sum(recorder.on_django) + sum(n for _, _, n in later) == 6
+    assert later and all(pid != first_pid for _, pid, _ in later), "a new connection took the ended one's"
     assert connects and "LoopCompleter._commits" not in connects, connects
     assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
 
