@@ -8,7 +8,6 @@ the worker's counters or tick metrics: those stay on the worker's port (docs/obs
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -76,8 +75,15 @@ def test_the_example_project_s_metrics_carry_the_queue_health_gauges_and_no_work
         scrape(port, server)  # a first request: the middleware's counters then show one
         text = scrape(port, server)
     finally:
-        server.send_signal(signal.SIGINT)
-        output, _ = server.communicate(timeout=30)
+        # SIGTERM ends the development server at once (it has no handler for it). After Ctrl-C's SIGINT
+        # it once did not exit within 30 s in a clean-clone run, its connection then holding up the test
+        # database's teardown; how it stops is not what this test is about.
+        server.terminate()
+        try:
+            output, _ = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output, _ = server.communicate()
     values = {
         sample.name: sample.value
         for family in text_string_to_metric_families(text)
