@@ -45,7 +45,13 @@ class Bookkeeping:
 
     def tick_ended(self, stats: TickStats, bound: Any, *, stopping: bool) -> None:
         """After a tick: its metric and log line always, the counts and the heartbeat row when due."""
-        metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())  # no database: every tick
+        try:
+            self._book(stats, bound, stopping=stopping)
+        finally:
+            # Set last, every tick: a scrape that sees the tick completed sees the backlog counted after it.
+            metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())
+
+    def _book(self, stats: TickStats, bound: Any, *, stopping: bool) -> None:
         now_mono = self.monotonic()
         if self.booked_at is not None and now_mono - self.booked_at < BOOKKEEPING_SECONDS and not stopping:
             log_cycle(stats, bound)

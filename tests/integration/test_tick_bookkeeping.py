@@ -58,3 +58,26 @@ def test_a_stopping_workers_last_tick_always_counts(clock):
     worker.stop()
     worker.tick()
     assert BacklogSample.objects.count() == 2
+
+
+def test_a_tick_is_published_as_completed_after_its_backlog_is_counted(clock, monkeypatch):
+    # A scraper that sees the tick completed (the metrics endpoint runs on a thread of its own) must see
+    # the backlog counted after that tick, not the one before.
+    channel = ChannelFactory(key="in_app")
+    worker = Worker(clock=clock, rng=random.Random(1), monotonic=Monotonic(), batch_size=2)
+    completed = metrics.LAST_TICK_COMPLETED.labels("default")
+    seen: list[float] = []
+    real_set = completed.set
+
+    def set_completed(value: float) -> None:
+        seen.append(metrics.DUE_BACKLOG._value.get())
+        real_set(value)
+
+    monkeypatch.setattr(completed, "set", set_completed)
+    metrics.DUE_BACKLOG.set(-1)  # what an earlier count left
+    due_notifications(clock, channel, 5)
+    try:
+        worker.tick()  # 2 sent, 3 still due
+    finally:
+        worker.close()
+    assert seen == [3]
