@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.processes import stop_with
+
 ROOT = Path(__file__).resolve().parents[2]
 STABLE_COLUMNS = ("case", "channel", "before", "after", "attempts", "event")
 
@@ -212,8 +214,7 @@ def test_demo_admin_creates_a_superuser_whose_printed_credentials_open_the_admin
     finally:
         # Ctrl-C, as the printed hint says, or SIGTERM (kill, timeout, a container stop): either stops
         # the embedded PostgreSQL with the server.
-        server.send_signal(stop_signal)
-        server.communicate(timeout=30)
+        stop_with(server, stop_signal, timeout=30)
     assert server.returncode == 0
     assert_stopped(pgdata)
 

@@ -8,6 +8,7 @@ the worker's counters or tick metrics: those stay on the worker's port (docs/obs
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.databases import closed_port
+from tests.support.processes import stop_with
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,15 +77,10 @@ def test_the_example_project_s_metrics_carry_the_queue_health_gauges_and_no_work
         scrape(port, server)  # a first request: the middleware's counters then show one
         text = scrape(port, server)
     finally:
-        # SIGTERM ends the development server at once (it has no handler for it). After Ctrl-C's SIGINT
-        # it once did not exit within 30 s in a clean-clone run, its connection then holding up the test
-        # database's teardown; how it stops is not what this test is about.
-        server.terminate()
-        try:
-            output, _ = server.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            output, _ = server.communicate()
+        # SIGTERM ends the development server at once (it has no handler for it): how it stops on
+        # Ctrl-C is test_demo's. After SIGINT it once did not exit within 30 s in a clean-clone run, and
+        # its connection then held up the test database's teardown; stop_with kills a server that stays.
+        output = stop_with(server, signal.SIGTERM, timeout=30)
     values = {
         sample.name: sample.value
         for family in text_string_to_metric_families(text)

@@ -210,3 +210,32 @@ class PrivateCluster:
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def signal_state(pid: int) -> str:
+    """The signal lines of ``/proc/<pid>/status`` (ignored, blocked, pending, caught) and its thread
+    count: what a process that did not stop on a signal was doing with it."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            lines = [line.strip() for line in status if line.startswith(("Sig", "ShdPnd", "Threads"))]
+    except OSError as exc:
+        return f"/proc/{pid}/status unreadable: {exc}"
+    return "; ".join(lines)
+
+
+def stop_with(process: subprocess.Popen[str], sig: int, timeout: float) -> str:
+    """Send ``sig`` and return the process's remaining output once it exits. A process still running
+    after ``timeout`` seconds is killed (a later test must not find it holding its database or port),
+    and the test fails with its signal state."""
+    process.send_signal(sig)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = signal_state(process.pid)
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(
+            f"pid {process.pid} still ran {timeout:g} s after {signal.Signals(sig).name}: {state}\n"
+            f"its output:\n{output or ''}"
+        ) from None
+    return output or ""
