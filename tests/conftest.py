@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import ipaddress
+import signal
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -62,6 +63,18 @@ def _no_public_dns(monkeypatch: pytest.MonkeyPatch) -> None:
         raise socket.gaierror(socket.EAI_NONAME, f"tests resolve no public name ({name})")
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """A command run in process (``call_command("retry_worker")``, ``outbox_relay``) installs its SIGINT
+    and SIGTERM handlers in the test process: they are put back after each test, so Ctrl-C still stops
+    the run and no later test meets a stopped worker's handler."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
 
 
 def _is_address(name: str) -> bool:
