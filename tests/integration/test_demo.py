@@ -31,7 +31,13 @@ def demo_env(**extra: str) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "NR_")) and k != "DATABASE_URL"
     }
-    env.update(DJANGO_SETTINGS_MODULE="example_project.settings", PYTHONUNBUFFERED="1", **extra)
+    # PYTHONFAULTHANDLER: a server that does not stop prints its threads' stacks when stop_with ends it.
+    env.update(
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",
+        **extra,
+    )
     return env
 
 

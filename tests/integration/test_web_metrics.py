@@ -63,6 +63,7 @@ def test_the_example_project_s_metrics_carry_the_queue_health_gauges_and_no_work
         + (f":{database['PASSWORD']}" if database["PASSWORD"] else "")
         + f"@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
         "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",  # stop_with: a server that hangs prints its threads
     }
     port = closed_port()
     server = subprocess.Popen(

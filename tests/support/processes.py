@@ -224,16 +224,24 @@ def signal_state(pid: int) -> str:
 
 
 def stop_with(process: subprocess.Popen[str], sig: int, timeout: float) -> str:
-    """Send ``sig`` and return the process's remaining output once it exits. A process still running
-    after ``timeout`` seconds is killed (a later test must not find it holding its database or port),
-    and the test fails with its signal state."""
+    """Send ``sig`` and return the process's remaining output once it exits.
+
+    A process still running after ``timeout`` seconds is ended (a later test must not find it holding
+    its database or port) and the test fails with its signal state. It is ended by SIGABRT first: a
+    Python started with ``PYTHONFAULTHANDLER=1`` then prints every thread's stack into its output, which
+    says where it hung; SIGKILL if it is still there.
+    """
     process.send_signal(sig)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         state = signal_state(process.pid)
-        process.kill()
-        output, _ = process.communicate()
+        process.send_signal(signal.SIGABRT)
+        try:
+            output, _ = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
         raise AssertionError(
             f"pid {process.pid} still ran {timeout:g} s after {signal.Signals(sig).name}: {state}\n"
             f"its output:\n{output or ''}"
