@@ -30,6 +30,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as at a terminal. A run started in the background by a non-interactive shell
+    (``bash .ci/run &``) inherits SIGINT ignored, and every process the tests start would inherit it
+    too: a server the tests stop with Ctrl-C's SIGINT (``demo_admin``, ``runserver``) would then run on.
+    Python's own handler is put back, so the processes the tests start get SIGINT's default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The benchmark smoke tests run ``bench/`` code: ``make bench-check``, not the default suite."""
     skip_unless_asked(

@@ -79,8 +79,8 @@ def test_the_example_project_s_metrics_carry_the_queue_health_gauges_and_no_work
         text = scrape(port, server)
     finally:
         # SIGTERM ends the development server at once (it has no handler for it): how it stops on
-        # Ctrl-C is test_demo's. After SIGINT it once did not exit within 30 s in a clean-clone run, and
-        # its connection then held up the test database's teardown; stop_with kills a server that stays.
+        # Ctrl-C is test_demo's. stop_with ends a server that stays, which would otherwise hold up the
+        # test database's teardown with its connection.
         output = stop_with(server, signal.SIGTERM, timeout=30)
     values = {
         sample.name: sample.value
