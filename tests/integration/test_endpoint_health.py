@@ -204,9 +204,8 @@ def test_throttling_counts_neither_way(clock, webhook_server, settings):
 
 def test_a_warning_clears_when_failures_fall_back(clock, webhook_server, settings):
     health_settings(settings)
-    # The success first: a window is assessed in a commit with a failure of the channel (or while it is
-    # in warning), so the tenth attempt, which brings the window to HEALTH_MIN_ATTEMPTS, is a failure
-    # whichever way the commits happen to batch the outcomes.
+    # The success first, then the nine failures: however the commits batch the outcomes, the window
+    # reaches HEALTH_MIN_ATTEMPTS at 9 failed of 10.
     answers = iter([Reply(200, {"id": "x"})] + [Reply(500, "down")] * 9 + [Reply(200, {"id": "x"})] * 100)
     webhook_server.responder = lambda request: next(answers)
     channel = hook(webhook_server, max_concurrency=1)

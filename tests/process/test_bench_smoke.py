@@ -31,10 +31,13 @@ def bench_database() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def run_bench(module: str, database: str, *args: str, timeout: float = 240) -> str:
+def bench_process(
+    module: str, database: str, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark module on the local server's ``database``, whatever its exit status."""
     env = {**os.environ, "DATABASE_URL": SERVER_URL, "NR_BENCH_DATABASE_NAME": database}
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", module, *args, "--server", "url"],
         cwd=REPO_ROOT,
         env=env,
@@ -42,6 +45,10 @@ def run_bench(module: str, database: str, *args: str, timeout: float = 240) -> s
         text=True,
         timeout=timeout,
     )
+
+
+def run_bench(module: str, database: str, *args: str, timeout: float = 240) -> str:
+    done = bench_process(module, database, *args, timeout=timeout)
     # Exit 1 is a missed target (figures on a busy machine); anything else is a broken benchmark.
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -118,15 +125,7 @@ def test_fillfactor_sets_the_notification_tables_for_the_run(bench_database: str
 
 
 def test_a_fillfactor_out_of_range_is_refused_before_anything_runs(bench_database: str) -> None:
-    env = {**os.environ, "DATABASE_URL": SERVER_URL, "NR_BENCH_DATABASE_NAME": bench_database}
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--fillfactor", "5"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = bench_process("bench.run", bench_database, "--fillfactor", "5", timeout=60)
     assert done.returncode == 2 and "a fillfactor is a percentage from 10 to 100, not 5" in done.stderr
     assert "benchmark" not in done.stdout, "nothing measured"
 
