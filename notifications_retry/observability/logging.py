@@ -156,11 +156,13 @@ _PLAIN = re.compile(
 def mask_text(text: str, opaque: bool = True) -> str:
     """Free text with every email address, phone number, bearer token and URL secret masked, and
     (``opaque``) long words mixing letters and digits, which is how device tokens and API keys look."""
-    if not text or _PLAIN.fullmatch(text):
+    # A text no pattern can start in (a correlation or message id, unique each time) is returned before
+    # the cache, which it would only churn.
+    if not text or _PLAIN.fullmatch(text) or not _may_change(text, opaque):
         return text
     if len(text) <= _CACHED_TEXT_LENGTH:
         return _mask_short_text(text, opaque)
-    return _mask_text(text, opaque)
+    return _apply_patterns(text, opaque)
 
 
 #: Short field values repeat from event to event (event names, channels, lanes, a tick's run id):
@@ -170,7 +172,7 @@ _CACHED_TEXT_LENGTH = 128
 
 @functools.lru_cache(maxsize=4096)
 def _mask_short_text(text: str, opaque: bool) -> str:
-    return _mask_text(text, opaque)
+    return _apply_patterns(text, opaque)
 
 
 #: What every pattern below needs somewhere in a text to match at all: an ``@`` (an address, a URL's
@@ -182,10 +184,13 @@ _MAY_CHANGE = re.compile(r"[@=\s]|\d[\d ().-]{6,}\d")
 _MAY_CHANGE_OPAQUE = re.compile(r"[@=\s]|\d[\d ().-]{6,}\d|[A-Za-z0-9_:-]{20}")
 
 
+def _may_change(text: str, opaque: bool) -> bool:
+    return (_MAY_CHANGE_OPAQUE if opaque else _MAY_CHANGE).search(text) is not None
+
+
 def _mask_text(text: str, opaque: bool) -> str:
-    if not (_MAY_CHANGE_OPAQUE if opaque else _MAY_CHANGE).search(text):
-        return text
-    return _apply_patterns(text, opaque)
+    """:func:`mask_text` without its shortcut for plain texts and without the cache."""
+    return _apply_patterns(text, opaque) if _may_change(text, opaque) else text
 
 
 def _apply_patterns(text: str, opaque: bool) -> str:
@@ -324,17 +329,27 @@ def mask_value(value: Any, key: Any = None, _depth: int = 0) -> Any:
 
 
 def mask_event_dict(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-    """structlog processor: mask recipients, secrets and bodies anywhere in the event, tracebacks included."""
+    """structlog processor: mask recipients, secrets and bodies anywhere in the event, tracebacks included.
+
+    Each value comes out as :func:`mask_value` under its key makes it; the worker logs an event per
+    record, so the common values (texts, numbers and None under keys that name nothing to mask) are
+    handled here without a call per value (tests/unit/test_masking.py compares the two).
+    """
     if "exc_info" in event_dict:
         # Render the traceback here, so an exception message holding an address is masked too.
         event_dict = format_exc_info(logger, method_name, event_dict)
-    for key in list(event_dict):
-        if key in _UNTOUCHED_KEYS:
-            continue
-        if key in ("event", "exception", "stack", "stack_info") and isinstance(event_dict[key], str):
-            event_dict[key] = mask_text(event_dict[key])
-            continue
-        event_dict[key] = mask_value(event_dict[key], key)
+    for key, value in list(event_dict.items()):
+        if value is None or key in _UNTOUCHED_KEYS:
+            continue  # None stays None under any key: nothing to mask
+        cls = type(value)
+        plain_key = type(key) is str and _kind_of_name(key) is None
+        if cls is str and plain_key:
+            # The event and a rendered traceback ("exception", "stack") are free text under this rule too.
+            masked = mask_text(value, opaque=not _is_identifier_name(key))
+            if masked is not value:
+                event_dict[key] = masked
+        elif not (plain_key and cls in _SAFE_TYPES):
+            event_dict[key] = mask_value(value, key)
     return event_dict
 
 
