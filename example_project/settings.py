@@ -148,13 +148,10 @@ if "retry_worker" in sys.argv:
     _worker_renderer: Any = _renderer
     _worker_logger_factory: Any = structlog.WriteLoggerFactory(sys.stderr)
     if LOG_FORMAT == "json":
-        try:
-            import orjson  # the example extra installs it; without it, the standard library's json
-        except ImportError:
-            pass
-        else:
-            _worker_renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
-            _worker_logger_factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
+        import orjson  # installed with the app
+
+        _worker_renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
+        _worker_logger_factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -17,6 +16,7 @@ from django.db import connection
 
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery import row_limits
+from notifications_retry.delivery.statements import json_document
 from notifications_retry.models import NotificationEntity
 
 _TABLE = NotificationEntity._meta.db_table
@@ -386,7 +386,7 @@ def caps_parameter(plan: Sequence[ChannelClaim]) -> str | None:
             named[str(p.channel_id)] = max(0, p.tenant_caps.default)
         for tenant, cap in p.tenant_caps.caps.items():
             named[f"{p.channel_id}/{'' if tenant is None else tenant}"] = max(0, cap)
-    return json.dumps(named) if named else None
+    return json_document(named) if named else None
 
 
 def ring_start(now: datetime) -> uuid.UUID:

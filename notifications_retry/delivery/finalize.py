@@ -15,7 +15,6 @@ from an outage.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -27,7 +26,13 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from notifications_retry import events
 from notifications_retry.delivery import health
 from notifications_retry.delivery.session import bound_transaction, bounded
-from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
+from notifications_retry.delivery.statements import (
+    Statement,
+    Steps,
+    json_document,
+    run_steps,
+    run_transaction_async,
+)
 from notifications_retry.delivery.suppression import gone_mailboxes, suppress_gone_mailboxes
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
@@ -84,8 +89,8 @@ def connection_lost(exc: BaseException) -> bool:
     return False
 
 
-# Rows travel as one JSON document: psycopg escapes text arrays element by element in Python (a
-# regex per value), which cost more than the statement itself; json.dumps runs in C.
+# Rows travel as one JSON document (statements.json_document, written in C): psycopg escapes text
+# arrays element by element in Python (a regex per value), which cost more than the statement itself.
 _FINALIZE = f"""
 UPDATE {_TABLE} t
 SET status = v.status,
@@ -188,7 +193,7 @@ def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) 
                 },
             }
         )
-    written = yield Statement(_FINALIZE, {"rows": json.dumps(rows), "now": now, "guarded": guarded})
+    written = yield Statement(_FINALIZE, {"rows": json_document(rows), "now": now, "guarded": guarded})
     applied_rows = {row[0]: row for row in written}
     applied = [o for o in outcomes if o.record.id in applied_rows]
     # A permanent reply naming the mailbox as gone puts its address on the suppression list, with
@@ -219,7 +224,7 @@ def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) 
                 }
             )
         topic = {"topic": DISPATCHED_TOPIC, "version": CONTRACT_VERSION}
-        yield Statement(_OUTBOX_INSERT, {**topic, "now": now, "rows": json.dumps(event_rows)}, rows=False)
+        yield Statement(_OUTBOX_INSERT, {**topic, "now": now, "rows": json_document(event_rows)}, rows=False)
     return applied
 
 

@@ -18,7 +18,6 @@ buckets that slid out of the window (housekeeping runs it): the table stays one 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +27,7 @@ from django.db import transaction
 
 from notifications_retry import health_rules, signals
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.statements import Statement, Steps, run_steps
+from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.health_rules import DISABLED, GONE, OK, Thresholds, Transition, Window
 from notifications_retry.models import (
@@ -108,7 +107,7 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Healt
     limits = Thresholds.of(get_settings())
     rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, _) in sorted(counts.items())]
     start = health_rules.bucket_start(now, limits)
-    yield Statement(_UPSERT, {"rows": json.dumps(rows), "start": start}, rows=False)
+    yield Statement(_UPSERT, {"rows": json_document(rows), "start": start}, rows=False)
     since = now - timedelta(seconds=limits.window_seconds)
     # Every channel the batch called, not only those that failed in it: a batch of successes can bring
     # a window of earlier failures to HEALTH_MIN_ATTEMPTS, and the share is then judged, as documented.

@@ -12,7 +12,6 @@ the later expiry) instead of failing or duplicating it.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +23,7 @@ from django.db.models import QuerySet
 
 from notifications_retry.addresses import normalize_recipient
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.statements import Statement, Steps, run_steps
+from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
 from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
 from notifications_retry.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
 
@@ -42,7 +41,8 @@ _STRENGTH = {
     Reason.COMPLAINT: 5,
 }
 
-# Recipients travel as one JSON array (json.dumps runs in C; psycopg quotes array elements in Python).
+# Recipients travel as one JSON array (statements.json_document, written in C): psycopg quotes the
+# elements of a text array in Python.
 _LOOKUP = f"""
 SELECT s.address, s.channel, s.reason FROM {_TABLE} s
 WHERE s.address = ANY(ARRAY(SELECT jsonb_array_elements_text(%(addresses)s::jsonb)))
@@ -72,7 +72,7 @@ def suppressed_steps(
     if not wanted:
         return {}
     addresses = sorted({address for address, _ in wanted.values()})
-    rows = yield Statement(_LOOKUP, {"addresses": json.dumps(addresses), "now": now})
+    rows = yield Statement(_LOOKUP, {"addresses": json_document(addresses), "now": now})
     found: dict[tuple[str, str], str] = {(address, channel): reason for address, channel, reason in rows}
     if not found:
         return {}

@@ -245,7 +245,7 @@ class Claims:
         # Settled-in-claim rows were committed with the claim: account for them now.
         for outcome in batch.settled:
             got[outcome.record.channel_id] = got.get(outcome.record.channel_id, 0) + 1
-            self.reporter.record(outcome)
+        self.reporter.record_all(batch.settled)
         # Deferred or released records from inline sends that paused a channel (their rows were
         # claimed in this same claim: they wait for the completer like any other outcome).
         self.completer.add(o for o in pending if o.record.claim_token is not None)

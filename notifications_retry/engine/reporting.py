@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -84,8 +85,7 @@ class OutcomeReporter:
         if stats is not None:
             stats.stale += len(report.stale)
             stats.finalize_failed += len(report.failed)
-        for outcome in report.applied:
-            self.record(outcome)
+        self.record_all(report.applied)
         for outcome in report.stale:
             self.bound.warning(
                 "item-stale",
@@ -95,10 +95,29 @@ class OutcomeReporter:
                 reason="claim expired or taken over; outcome discarded",
             )
 
+    def record_all(self, outcomes: Iterable[Outcome]) -> None:
+        """Count, log and alert committed outcomes: each logged, the counters moved once per label set
+        (a claim's or a commit's outcomes share a few; a counter's increment takes its lock)."""
+        counts: dict[tuple[str, str, str], int] = {}
+        try:
+            for outcome in outcomes:
+                channel = self.channel_keys.get(outcome.record.channel_id, str(outcome.record.channel_id))
+                labels = (channel, outcome.result, outcome.error_kind)
+                counts[labels] = counts.get(labels, 0) + 1
+                self._log(outcome, channel)
+        finally:  # a terminal_failure receiver raised: the outcomes up to its own are counted, as logged
+            for (channel, result, error_kind), count in counts.items():
+                processed, own = self._counters(channel, result, error_kind)
+                processed.inc(count)
+                own.inc(count)
+
     def record(self, outcome: Outcome) -> None:
         """Count, log and alert one committed outcome."""
+        self.record_all((outcome,))
+
+    def _log(self, outcome: Outcome, channel: str) -> None:
+        """Log and alert one committed outcome (of ``channel``, its key) into the tick's stats."""
         record = outcome.record
-        channel = self.channel_keys.get(record.channel_id, str(record.channel_id))
         stats, bound = self.stats, self.bound
         context = dict(
             notification_id=str(record.id),
@@ -110,9 +129,6 @@ class OutcomeReporter:
         )
         if outcome.delivered_by:
             context["delivered_by"] = outcome.delivered_by
-        processed, own = self._counters(channel, outcome.result, outcome.error_kind)
-        processed.inc()
-        own.inc()
         if stats is not None:
             stats.processed += 1
         if outcome.result == SENT:
