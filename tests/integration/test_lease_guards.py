@@ -18,6 +18,7 @@ from django.utils import timezone
 from notifications_retry.delivery import RETRY, SENT, ChannelClaim, Outcome, claim_due, finalize, release
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.claims import claimed_in_app
 
 pytestmark = pytest.mark.django_db
 
@@ -139,20 +140,8 @@ def test_an_unleased_row_is_not_concerned() -> None:
 
 
 def test_the_workers_claim_and_finalize_still_pass(clock: Any) -> None:
-    channel = ChannelFactory(key="in_app", max_attempts=5)
     now = clock.now()
-    rows = [
-        NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=now)
-        for _ in range(2)
-    ]
-    batch = claim_due(
-        now,
-        [ChannelClaim(channel.pk, 10, 60.0)],
-        total=10,
-        budgets={channel.pk: (channel.max_attempts, channel.key)},
-    )
-    assert {r.id for r in batch.records} == {r.pk for r in rows}
-    sent, retried = batch.records
+    sent, retried = claimed_in_app(now, 2)
     report = finalize(
         [
             Outcome(sent, SENT, provider_message_id="in_app:1"),

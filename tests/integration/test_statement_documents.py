@@ -9,12 +9,10 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.delivery import RETRY, SENT, ChannelClaim, Outcome, claim_due, finalize
+from notifications_retry.delivery import RETRY, SENT, Outcome, finalize
 from notifications_retry.delivery.statements import json_document
 from notifications_retry.models import NotificationEntity
-from tests.factories import ChannelFactory, NotificationFactory
-
-Status = NotificationEntity.Status
+from tests.support.claims import claimed_in_app
 
 
 @pytest.mark.parametrize(
@@ -37,20 +35,8 @@ def test_what_orjson_refuses_is_written_as_the_standard_library_writes_it(value:
 @pytest.mark.django_db(transaction=True)
 def test_an_error_text_with_a_lone_surrogate_fails_its_row_alone(clock: Any) -> None:
     """The database refuses the surrogate's escape: the batch is redone row by row, the others apply."""
-    channel = ChannelFactory(key="in_app", max_attempts=5)
     now = clock.now()
-    rows = [
-        NotificationFactory(channel=channel, status=Status.FAILED, attempts=1, next_attempt_at=now)
-        for _ in range(3)
-    ]
-    batch = claim_due(
-        now,
-        [ChannelClaim(channel.pk, 10, 60.0)],
-        total=10,
-        budgets={channel.pk: (channel.max_attempts, channel.key)},
-    )
-    assert {r.id for r in batch.records} == {r.pk for r in rows}
-    first, bad, last = batch.records
+    first, bad, last = claimed_in_app(now, 3)
     later = now + timedelta(minutes=1)
     report = finalize(
         [
