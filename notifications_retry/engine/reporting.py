@@ -111,10 +111,6 @@ class OutcomeReporter:
                 processed.inc(count)
                 own.inc(count)
 
-    def record(self, outcome: Outcome) -> None:
-        """Count, log and alert one committed outcome."""
-        self.record_all((outcome,))
-
     def _log(self, outcome: Outcome, channel: str) -> None:
         """Log and alert one committed outcome (of ``channel``, its key) into the tick's stats."""
         record = outcome.record

@@ -188,11 +188,6 @@ def _may_change(text: str, opaque: bool) -> bool:
     return (_MAY_CHANGE_OPAQUE if opaque else _MAY_CHANGE).search(text) is not None
 
 
-def _mask_text(text: str, opaque: bool) -> str:
-    """:func:`mask_text` without its shortcut for plain texts and without the cache."""
-    return _apply_patterns(text, opaque) if _may_change(text, opaque) else text
-
-
 def _apply_patterns(text: str, opaque: bool) -> str:
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     text = _EMAIL.sub(lambda m: mask_recipient(m.group(0)), text)

@@ -35,7 +35,7 @@ def _samples(rng: random.Random) -> list[str]:
 def test_plain_texts_are_what_the_patterns_leave_unchanged(opaque: bool) -> None:
     for text in _samples(random.Random(15)):
         assert nr_logging._PLAIN.fullmatch(text), text
-        assert nr_logging._mask_text(text, opaque) == text, text
+        assert nr_logging._apply_patterns(text, opaque) == text, text
         assert nr_logging.mask_text(text, opaque) == text
 
 
@@ -145,7 +145,8 @@ _PIECES = [
 )
 def test_the_gate_lets_through_only_texts_no_pattern_changes(text: str, opaque: bool) -> None:
     """A text the gate waves through comes out of the seven patterns unchanged."""
-    assert nr_logging._mask_text(text, opaque) == nr_logging._apply_patterns(text, opaque)
+    if not nr_logging._may_change(text, opaque):
+        assert nr_logging._apply_patterns(text, opaque) == text
 
 
 def test_a_unique_identifier_skips_the_patterns_but_a_secret_inside_one_does_not() -> None:
