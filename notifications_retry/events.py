@@ -31,8 +31,8 @@ DELIVERY_STATES = ("delivered", "opened", "bounced", "complained")
 
 def dispatched_payload(
     *,
-    notification_id: uuid.UUID,
-    tenant_id: uuid.UUID | None,
+    notification_id: uuid.UUID | str,
+    tenant_id: uuid.UUID | str | None,
     channel: str,
     status: str,
     attempts: int,
@@ -42,7 +42,8 @@ def dispatched_payload(
     occurred_at: datetime,
     delivered_by: str | None = None,
 ) -> dict[str, Any]:
-    """The event body (schema: ``schemas/notification_dispatched.v1.json``).
+    """The event body (schema: ``schemas/notification_dispatched.v1.json``); the ids as UUIDs or as
+    their text.
 
     ``delivered_by`` names the fallback channel that delivered a Sent notification after its own
     channel refused it (a failover); it is an optional addition to contract v1, present only then.

@@ -249,7 +249,7 @@ class _Claim:
                 continue
             record.claim_token = token
             record.lease_expires_at = self.now + timedelta(seconds=lease)
-            ids.append(str(record.id))
+            ids.append(record.id_text)
             leases.append(repr(lease))
             records.append(record)
         if ids:
@@ -362,6 +362,8 @@ _RECOVERED, _CRASHES, _OVER_BUDGET, _MEASURES = 13, 14, 15, 16
 
 
 def _json(value: Any) -> Any:
+    # The standard library's decoder, not orjson's: orjson reads an integer past 64 bits as a float, and
+    # a payload's order number of 30 digits must reach the provider as it was stored.
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 

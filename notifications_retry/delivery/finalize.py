@@ -164,7 +164,7 @@ def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) 
         next_at = o.next_attempt_at if o.result == RETRY else None
         rows.append(
             {
-                "id": str(o.record.id),
+                "id": o.record.id_text,
                 "token": str(o.record.claim_token) if o.record.claim_token else None,
                 "status": sent_status if sent else failed_status,
                 # The claimed count: unchanged for a leased record, this attempt for one settled in its claim.
@@ -207,11 +207,11 @@ def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) 
             _, tenant, attempts, requeue_count, channel_key = applied_rows[o.record.id]
             event_rows.append(
                 {
-                    "key": str(o.record.id),
+                    "key": o.record.id_text,
                     "generation": requeue_count,
                     "payload": events.dispatched_payload(
-                        notification_id=o.record.id,
-                        tenant_id=tenant,
+                        notification_id=o.record.id_text,
+                        tenant_id=o.record.tenant_text if tenant == o.record.tenant_id else tenant,
                         channel=channel_key,
                         status=events.SENT if o.result == SENT else events.FAILED,
                         attempts=attempts,

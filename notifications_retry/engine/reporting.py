@@ -116,9 +116,9 @@ class OutcomeReporter:
         record = outcome.record
         stats, bound = self.stats, self.bound
         context = dict(
-            notification_id=str(record.id),
+            notification_id=record.id_text,
             channel=channel,
-            tenant_id=str(record.tenant_id) if record.tenant_id else None,
+            tenant_id=record.tenant_text,
             attempt=record.attempts,
             duration_ms=round(outcome.duration_ms, 1),
             correlation_id=record.correlation_id or None,

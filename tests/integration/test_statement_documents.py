@@ -1,5 +1,6 @@
-"""Rows travel to the database as one JSON document (delivery.statements.json_document): written by
-orjson, and what orjson refuses is written as before and judged by the database, one row alone."""
+"""JSON between the worker and the database. Rows travel to it as one JSON document
+(delivery.statements.json_document): written by orjson, and what orjson refuses is written as before and
+judged by the database, one row alone. Payloads come back from a claim as they were stored."""
 
 from __future__ import annotations
 
@@ -51,3 +52,12 @@ def test_an_error_text_with_a_lone_surrogate_fails_its_row_alone(clock: Any) -> 
     refused = NotificationEntity.objects.get(pk=bad.id)
     assert refused.claim_token is not None  # left leased: its lease runs out and it is claimed again
     assert NotificationEntity.objects.get(pk=last.id).last_error == "HTTP 500: café"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimed_payload_keeps_an_integer_past_64_bits(clock: Any) -> None:
+    """A 30-digit order number reaches the provider as stored (orjson would read it as a float)."""
+    order = 123456789012345678901234567890
+    (record,) = claimed_in_app(clock.now(), 1, payload={"order": order, "total": 1.5})
+    assert record.payload == {"order": order, "total": 1.5}
+    assert type(record.payload["order"]) is int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from notifications_retry.delivery import ChannelClaim, claim_due
 from notifications_retry.models import NotificationEntity
@@ -10,12 +11,17 @@ from notifications_retry.outcomes import ClaimedRecord
 from tests.factories import ChannelFactory, NotificationFactory
 
 
-def claimed_in_app(now: datetime, count: int) -> list[ClaimedRecord]:
-    """``count`` Failed rows due at ``now`` on a fresh ``in_app`` channel, all claimed (and checked so)."""
+def claimed_in_app(now: datetime, count: int, **fields: Any) -> list[ClaimedRecord]:
+    """``count`` Failed rows due at ``now`` on a fresh ``in_app`` channel (``fields`` set on each), all
+    claimed (and checked so)."""
     channel = ChannelFactory(key="in_app", max_attempts=5)
     rows = [
         NotificationFactory(
-            channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
+            channel=channel,
+            status=NotificationEntity.Status.FAILED,
+            attempts=1,
+            next_attempt_at=now,
+            **fields,
         )
         for _ in range(count)
     ]

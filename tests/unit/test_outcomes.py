@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from notifications_retry.outcomes import (
     decide,
 )
 from notifications_retry.retry import BackoffPolicy
+from tests.support.records import claimed_record
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 FIXED_60 = BackoffPolicy(kind="fixed", base_seconds=60, cap_seconds=3600, jitter_ratio=0)
@@ -151,3 +153,10 @@ def test_an_impossible_attempt_count_is_attempts_invalid_not_a_crash_story(attem
 def test_an_infinite_or_pre_epoch_deadline_says_so_in_words(expires_at, text):
     failure = before_send(attempts_done=1, budget=3, expires_at=expires_at, now=NOW)
     assert failure is not None and (failure.kind, failure.error) == (EXPIRED, text)
+
+
+def test_a_claimed_records_ids_as_text_are_their_str_and_none_for_the_null_tenant() -> None:
+    tenant = uuid.uuid4()
+    record = claimed_record(tenant_id=tenant)
+    assert (record.id_text, record.tenant_text) == (str(record.id), str(tenant))
+    assert claimed_record(tenant_id=None).tenant_text is None
