@@ -211,7 +211,7 @@ def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) 
                     "generation": requeue_count,
                     "payload": events.dispatched_payload(
                         notification_id=o.record.id_text,
-                        tenant_id=o.record.tenant_text if tenant == o.record.tenant_id else tenant,
+                        tenant_id=tenant,
                         channel=channel_key,
                         status=events.SENT if o.result == SENT else events.FAILED,
                         attempts=attempts,
