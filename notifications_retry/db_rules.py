@@ -61,6 +61,11 @@ REQUEUE_AUDITED_SQL = """
 # One check per INSERT statement over its transition table (a join of the new events to their
 # notifications, each event's key read as an id once), not a lookup per row: the worker inserts its
 # events a batch at a time.
+# Both lookups run with sequential scans off. PL/pgSQL keeps a statement's plan for the session, and
+# a plan made while a table was small (a fresh install, the first commits after a purge) scanned the
+# whole outbox once per new event until the next ANALYZE: at 2,000 events a 16-event commit spent
+# 3 ms in the lookup instead of a few index probes. The setting is the transaction's own and put back
+# before the trigger returns (an error rolls it back with the statement).
 
 #: The first new event (the transition table ``new_events``) whose outcome an event from before
 #: migration 0008 announced already. LATERAL with LIMIT keeps it a nested loop over the new events,
@@ -79,6 +84,8 @@ LEGACY_EVENT_OF_NEW_EVENTS_SQL = """
 
 OUTBOX_MATCHES_OUTCOME_SQL = (
     """
+        seqscan := current_setting('enable_seqscan');
+        PERFORM set_config('enable_seqscan', 'off', true);
         SELECT * INTO bad FROM (
             SELECT o.event_id, o.topic, o.key, o.generation, o.published_at,
                    o.payload->>'status' AS event_status, o.payload->>'notification_id' AS notification_id,
@@ -113,6 +120,7 @@ OUTBOX_MATCHES_OUTCOME_SQL = (
                 RAISE EXCEPTION 'outbox event %: an event for % generation % exists already',
                     one.event_id, one.key, one.generation USING ERRCODE = 'unique_violation';
             END IF;
+            PERFORM set_config('enable_seqscan', seqscan, true);
             RETURN NULL;
         END IF;
         IF bad.published_at IS NOT NULL THEN
@@ -307,7 +315,7 @@ def outbox_triggers() -> list[pgtrigger.Trigger]:
             when=pgtrigger.After,
             operation=pgtrigger.Insert,
             referencing=pgtrigger.Referencing(new="new_events"),  # type: ignore[no-untyped-call]
-            declare=[("bad", "record"), ("one", "record")],
+            declare=[("bad", "record"), ("one", "record"), ("seqscan", "text")],
             func=OUTBOX_MATCHES_OUTCOME_SQL,
         ),
         pgtrigger.Trigger(

@@ -206,3 +206,28 @@ def test_the_triggers_lookup_of_older_events_probes_their_index_once_per_new_eve
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Nested Loop" in plan and "nr_outbox_one_legacy_event_per_outcome" in plan, plan
     assert "Hash" not in plan and f"Seq Scan on {OUTBOX}" not in plan, plan
+
+
+def test_the_insert_triggers_lookups_probe_indexes_with_plans_made_while_the_outbox_was_empty():
+    """PL/pgSQL keeps the trigger's plans for the session. Made while the outbox was empty (a fresh
+    install, a purge), they must still probe indexes once it has grown, never scan the outbox once per
+    new event until the next ANALYZE."""
+    topic = "tests.plans.v1"  # not the dispatched topic: an event of its own, no notification behind it
+    insert = (
+        f"INSERT INTO {OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at) "
+        "SELECT nr_outbox_event_id(%s, 'k' || g, 0), %s, 'k' || g, 1, 0, '{}', now() "
+        "FROM generate_series(%s::int, %s::int) g"
+    )
+    scans = f"SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = '{OUTBOX}'"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {OUTBOX}")
+        assert cursor.fetchone()[0] == 0
+        cursor.execute(f"ANALYZE {OUTBOX}")  # the statistics of an empty table; cached plans dropped
+        for first in range(6):  # five custom plans, then the generic one the session keeps
+            cursor.execute(insert, [topic, topic, first, first])
+        cursor.execute(insert, [topic, topic, 100, 1099])
+        cursor.execute(scans)
+        before = cursor.fetchone()[0]
+        cursor.execute(insert, [topic, topic, 2000, 2015])
+        cursor.execute(scans)
+        assert cursor.fetchone()[0] == before
