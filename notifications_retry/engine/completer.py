@@ -7,6 +7,9 @@ dropped: the outcomes stay here and are committed, with backoff, once it is back
 makes a late commit safe (a row another worker took over refuses it as stale); a worker about to
 exit drops, and logs, the outcomes whose lease ran out (:meth:`Completer.drop_expired`).
 
+With a worker's own cap on calls in flight (engine.in_flight), an outcome keeps its call's slot
+until it leaves the completer, and a send waiting for such a slot makes the commit start at once.
+
 A running worker applies the same rule on its send loop, on a connection of its own
 (engine.loop_completer), beside its claims. The worker's thread uses either through the same calls
 (``add``, ``due``, ``commit``, ``wait_hint``, ``wait``, ``deliver``), so the dispatcher does not know
@@ -36,6 +39,14 @@ RETRY_FIRST_SECONDS = 0.1
 RETRY_MAX_SECONDS = 2.0
 
 Committer = Callable[[list[Outcome], datetime], FinalizeReport]
+
+
+class HeldSlots(Protocol):
+    """The worker's cap on calls in flight (engine.in_flight.InFlightCap), as the completer sees it."""
+
+    @property
+    def waiting_for_commit(self) -> bool: ...
+    def release(self, outcomes: Iterable[Outcome]) -> None: ...
 
 
 class Commits(Protocol):
@@ -76,6 +87,7 @@ class Completer:
         max_batch: int,
         max_delay: float = MAX_DELAY_SECONDS,
         commit: Committer | None = None,
+        slots: HeldSlots | None = None,
     ) -> None:
         self.clock = clock
         self.monotonic = monotonic
@@ -83,6 +95,8 @@ class Completer:
         self.max_batch = max(1, max_batch)
         self.max_delay = max_delay
         self._commit = commit if commit is not None else self._finalize
+        #: Slots of the worker's cap held by outcomes waiting here (None: no cap to free).
+        self.slots = slots
         self._pending: list[Outcome] = []
         self._first_at = 0.0
         self._retry_at = 0.0
@@ -116,6 +130,7 @@ class Completer:
             flush
             or len(self._pending) >= self.max_batch
             or self.monotonic() - self._first_at >= self.max_delay
+            or (self.slots is not None and self.slots.waiting_for_commit)
         )
 
     def wait_hint(self) -> float:
@@ -123,6 +138,8 @@ class Completer:
         if not self._pending:
             return 3600.0
         now = self.monotonic()
+        if self.slots is not None and self.slots.waiting_for_commit:
+            return max(0.0, self._retry_at - now)
         return max(0.0, max(self._first_at + self.max_delay, self._retry_at) - now)
 
     def commit(self, bound: Any) -> None:
@@ -152,6 +169,7 @@ class Completer:
     def settle(self, result: FinalizeReport | CommitUnavailable, bound: Any) -> None:
         """Report a commit's result; outcomes it could not write wait again, first in line, with backoff."""
         if isinstance(result, CommitUnavailable):
+            self._release(result.report)
             self.on_report(result.report)
             self._pending = [*self.keep_leased(result.pending, self.clock.now(), bound), *self._pending]
             self.outages += 1
@@ -172,7 +190,12 @@ class Completer:
         self._retry_at = 0.0
         if self._pending:
             self._first_at = self.monotonic()
+        self._release(result)
         self.on_report(result)
+
+    def _release(self, report: FinalizeReport) -> None:
+        if self.slots is not None:
+            self.slots.release([*report.applied, *report.stale, *report.failed])
 
     def keep_leased(self, outcomes: list[Outcome], now: datetime, bound: Any) -> list[Outcome]:
         """Outcomes whose lease still holds; the rest are dropped and logged."""
@@ -189,6 +212,9 @@ class Completer:
                 )
             else:
                 kept.append(outcome)
+        if self.slots is not None and len(kept) < len(outcomes):
+            kept_ids = {id(outcome) for outcome in kept}
+            self.slots.release(outcome for outcome in outcomes if id(outcome) not in kept_ids)
         return kept
 
     def put_back(self, batch: list[Outcome]) -> None:

@@ -31,7 +31,7 @@ from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.give_back import GiveBack
-from notifications_retry.engine.in_flight import fit_to_room
+from notifications_retry.engine.in_flight import InFlightCap, fit_to_room
 from notifications_retry.engine.ownership import Ownership
 from notifications_retry.engine.partitions import PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
@@ -67,8 +67,11 @@ class Dispatcher:
         claim_connection: ClaimConnection | None = None,
         db: TickDatabase = POSTGRES,
         sleep: Callable[[float], None] = time.sleep,
+        cap: InFlightCap | None = None,
     ) -> None:
         self.conf = conf
+        #: The worker's cap on calls in flight, shared by its channel runtimes (engine.in_flight).
+        self.cap = cap if cap is not None else InFlightCap(None)
         #: Claims and releases go through this port (a fake one in unit tests); commits, the completer's.
         self.db = db
         self.sleep = sleep
@@ -181,6 +184,9 @@ class Dispatcher:
                     bound.info("partitions-rebalance", owned=list(partitioned.owned), share=partitioned.share)
                     self._release_queued(runtimes, bound, "the worker's partitions are rebalanced")
             claims.take_ahead(bound, wait=not claiming)
+            # What may start now starts before a claim: the claim's round trip would hold it back (a
+            # slot a commit just freed, a record a claim beside this one brought in).
+            self._start(runtimes)
             if claiming:
                 with self.settle_lock:
                     wanted = {c: rt.capacity(now_mono, chunk) for c, rt in runtimes.items()}
@@ -310,6 +316,7 @@ class Dispatcher:
     async def _rerouted(self, rt: ChannelRuntime, item: Rerouted) -> None:
         """A record sent straight through its channel's fallback (the channel must not be called now)."""
         outcome, returned = await self.failover.send(rt, item.fallback, item.record, item.why)
+        rt.cap.hold(item.record.id_text)
         self.running -= 1
         self._hand_over(Finished(outcome, [returned]))
 
@@ -334,8 +341,10 @@ class Dispatcher:
             self.running -= 1
             self._hand_over(Finished(outcome, returns))
             # This call no longer counts against the channel's concurrency: at full concurrency the
-            # next record would otherwise wait for the dispatcher's next pass to start it.
+            # next record would otherwise wait for the dispatcher's next pass to start it. Against
+            # the worker's own cap it counts until its outcome is committed (engine.in_flight).
             rt.inflight -= 1
+            rt.cap.hold(record.id_text)
             next_record = rt.next_startable(self.monotonic()) if rt.queue and self._may_send() else None
             if next_record is not None:
                 record = next_record
@@ -368,7 +377,9 @@ class Dispatcher:
         """Hand finished calls to the completer, running the send loop up to ``timeout`` for the first one."""
         if not self.done and timeout > 0:
             self.send_loop().wait(timeout)
-            if self.done and batch_delay > 0:
+            # No batching while the worker's cap is full of outcomes waiting for their commit: the
+            # delay would hold every slot back (engine.in_flight).
+            if self.done and batch_delay > 0 and not self.cap.waiting_for_commit:
                 self.send_loop().pause(batch_delay)
         if not self.done:
             return

@@ -5,14 +5,20 @@ protects the worker's process (its sockets, memory and event loop), whatever the
 Every channel runtime of a worker shares one :class:`InFlightCap`: a send starts only while the worker
 has a free slot, and claims are sized so that the worker keeps about one round queued behind its
 calls, as a single channel does, never one round per channel.
+
+A call keeps its slot after it ends, until its outcome is committed (or dropped): a worker killed
+at any moment has sent again, after its leases run out, no more than its cap of calls. The completer
+commits at once whenever a send waits for a slot that an uncommitted outcome holds
+(engine.completer), so the slot is back after one commit's round trip, not after the batch delay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from notifications_retry.delivery.channel_rules import QUEUE_ROUNDS
+from notifications_retry.outcomes import Outcome
 
 
 class InFlightCap:
@@ -22,11 +28,33 @@ class InFlightCap:
         self.limit = limit
         #: Changed only through the channel runtimes' ``inflight`` (on the worker's thread).
         self.count = 0
+        #: Records whose call ended and whose outcome is not committed yet: each still holds its slot.
+        self.held: set[str] = set()
 
     @property
     def free(self) -> bool:
         """Whether one more call may start."""
-        return self.limit is None or self.count < self.limit
+        return self.limit is None or self.count + len(self.held) < self.limit
+
+    def hold(self, record_id: str) -> None:
+        """A call on this cap ended: its slot stays taken until its outcome leaves the completer."""
+        if self.limit is not None:
+            self.held.add(record_id)
+
+    def release(self, outcomes: Iterable[Outcome]) -> None:
+        """These outcomes were committed, refused or dropped: the slots they held are free."""
+        if self.held:
+            for outcome in outcomes:
+                self.held.discard(outcome.record.id_text)
+
+    def forget_held(self) -> None:
+        """The tick's outcomes are all committed or given up: no slot waits for a commit any more."""
+        self.held.clear()
+
+    @property
+    def waiting_for_commit(self) -> bool:
+        """Whether a send waits for a slot that only a commit frees (then commit now, not in a batch)."""
+        return bool(self.held) and not self.free
 
     def room(self, queued: int) -> int | None:
         """Records the worker may claim beside ``queued`` ones (None: no cap): its calls in flight and

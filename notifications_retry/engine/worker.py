@@ -107,7 +107,8 @@ class Worker:
         # late one whose row was taken over); a single tick gives up on those whose lease ran out.
         self._looping = False
         served = lane_channels(conf.LANES, self.lane)
-        self.channels = ChannelSet(conf, conf.LANES, self.lane, served, cap=InFlightCap(self.max_in_flight))
+        cap = InFlightCap(self.max_in_flight)
+        self.channels = ChannelSet(conf, conf.LANES, self.lane, served, cap=cap)
         priorities = list(lane_conf.get("priorities") or []) or None
         self.waiter = Waiter(
             LockConnectionPort(self.lock, channels=served, priorities=priorities),
@@ -131,6 +132,7 @@ class Worker:
             monotonic=monotonic,
             on_report=self.reporter.report,
             max_batch=max(1, min(conf.CLAIM_CHUNK_SIZE, self.batch_size)),
+            slots=cap if cap.limit is not None else None,
         )
         # Commits and a second claimer run beside the claims, each on a connection of its own — unless
         # this thread is inside a transaction (a test's), whose rows no other connection can see.
@@ -151,6 +153,7 @@ class Worker:
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
             claim_thread=ClaimThread() if conf.CLAIM_THREAD and beside else None,
             claim_connection=self.claim_connection,
+            cap=cap,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -326,6 +329,7 @@ class Worker:
                 # Calls still running (an exception left the loop) end within their timeout.
                 self.dispatcher.finish_calls(bound, self._calls_timeout(runtimes.values()))
             self._commit_waiting(bound)
+            self.channels.cap.forget_held()  # committed, or given up on a stop: none is waited for now
             tracing.set_attributes(
                 span,
                 processed=stats.processed,

@@ -7,7 +7,9 @@ import threading
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
+from django.db import connection
 
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
@@ -70,3 +72,62 @@ def test_the_worker_never_has_more_calls_in_flight_than_its_cap(clock, settings,
 def test_a_cap_below_one_is_refused():
     with pytest.raises(ValueError, match="max in flight"):
         Worker(max_in_flight=0)
+
+
+class CommitWatch:
+    """At each request's arrival: how many requests had arrived, and how many rows were committed Sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        params = connection.settings_dict
+        self.db = psycopg.connect(
+            dbname=params["NAME"],
+            host=params["HOST"] or None,
+            port=params["PORT"] or None,
+            user=params["USER"] or None,
+            password=params["PASSWORD"] or None,
+            autocommit=True,
+        )
+        self.arrivals: list[tuple[int, int]] = []
+
+    def __call__(self, request: object) -> Reply:
+        with self.lock:
+            (sent,) = self.db.execute(
+                f"SELECT count(*) FROM {NotificationEntity._meta.db_table} WHERE status = 'sent'"
+            ).fetchone()
+            self.arrivals.append((len(self.arrivals) + 1, sent))
+        return Reply(200, {"id": "x"}, delay=0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_keeps_its_place_under_the_cap_until_its_outcome_is_committed(clock, settings):
+    """A worker killed at any moment repeats no more than its cap of calls: when a call starts, all but
+    ``cap - 1`` of the calls before it have their outcome committed."""
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    cap = 3
+    watch = CommitWatch()
+    server = ScriptedServer(watch).start()
+    try:
+        channel = ChannelFactory(
+            key="hooks", provider_key="webhook", max_concurrency=8, options={"url": server.url}
+        )
+        NotificationEntity.objects.bulk_create(
+            NotificationFactory.build(
+                channel=channel,
+                status=Status.FAILED,
+                attempts=1,
+                next_attempt_at=clock.now() - timedelta(seconds=60),
+            )
+            for _ in range(40)
+        )
+        worker = Worker(clock=clock, rng=random.Random(1), batch_size=1000, max_in_flight=cap)
+        try:
+            stats = worker.tick()
+        finally:
+            worker.close()
+    finally:
+        server.stop()
+        watch.db.close()
+    assert stats.sent == 40 and len(watch.arrivals) == 40
+    outstanding = [started - committed for started, committed in watch.arrivals]
+    assert max(outstanding) <= cap, watch.arrivals

@@ -10,6 +10,7 @@ import structlog
 from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport
 from notifications_retry.engine.completer import RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS, Completer
+from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.outcomes import SENT, Outcome
 from tests.support.records import claimed_record
 
@@ -118,3 +119,54 @@ def test_outcomes_whose_lease_ran_out_during_an_outage_are_dropped():
     mono.now += 1
     completer.commit(LOG)
     assert db.batches == [[long]]
+
+
+def make_capped(clock, mono, db, reports, cap):
+    return Completer(
+        clock=clock,
+        monotonic=mono,
+        on_report=reports.append,
+        max_batch=10,
+        max_delay=0.025,
+        commit=db,
+        slots=cap,
+    )
+
+
+def test_an_outcome_holding_the_caps_last_slot_is_committed_at_once_and_frees_it():
+    clock, mono, db, reports, cap = ManualClock(), Mono(), Database(), [], InFlightCap(2)
+    completer = make_capped(clock, mono, db, reports, cap)
+    first, second = outcome(clock), outcome(clock)
+    cap.hold(first.record.id_text)
+    completer.add([first])
+    assert cap.free and not completer.due(), "a slot is free: the outcome waits for batch-mates"
+    assert completer.wait_hint() == pytest.approx(0.025)
+    cap.hold(second.record.id_text)
+    completer.add([second])
+    assert not cap.free and completer.due() and completer.wait_hint() == 0.0
+    completer.commit(LOG)
+    assert db.batches == [[first, second]] and cap.free and not cap.held
+
+
+def test_refused_stale_and_expired_outcomes_free_their_slots_and_an_outage_keeps_them():
+    clock, mono, db, reports, cap = ManualClock(), Mono(), Database(), [], InFlightCap(4)
+    completer = make_capped(clock, mono, db, reports, cap)
+    kept, short = outcome(clock), outcome(clock, lease_seconds=5)
+    for o in (kept, short):
+        cap.hold(o.record.id_text)
+    completer.add([kept, short])
+    db.up = False
+    completer.commit(LOG)
+    assert cap.held == {kept.record.id_text, short.record.id_text}, "not written: still held"
+    clock.advance(10)
+    completer.drop_expired(LOG)
+    assert cap.held == {kept.record.id_text}, "dropped: its slot is free"
+    completer.settle(FinalizeReport(stale=[kept]), LOG)
+    assert not cap.held
+
+
+def test_no_cap_no_hurry():
+    clock, mono, db, reports = ManualClock(), Mono(), Database(), []
+    completer = make(clock, mono, db, reports)
+    completer.add([outcome(clock)])
+    assert not completer.due() and completer.wait_hint() == pytest.approx(0.025)

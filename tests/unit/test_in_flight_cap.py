@@ -6,6 +6,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.engine.channels import QUEUE_ROUNDS, ChannelRuntime
 from notifications_retry.engine.in_flight import InFlightCap, fit_to_room
 from notifications_retry.models import ChannelConfig
+from notifications_retry.outcomes import SENT, Outcome
 from notifications_retry.providers.in_app import InAppProvider
 from notifications_retry.providers.webhook import WebhookProvider
 from tests.support.records import claimed_record
@@ -69,3 +70,26 @@ def test_inline_channels_are_not_trimmed_and_no_cap_trims_nothing():
     assert fit_to_room(runtimes, {1: 500, 2: 50}) == {1: 500, 2: (QUEUE_ROUNDS + 1) * 1}
     free = InFlightCap(None)
     assert fit_to_room({1: runtime("a", free)}, {1: 500}) == {1: 500}
+
+
+def test_a_finished_call_holds_its_slot_until_its_outcome_is_released():
+    cap = InFlightCap(2)
+    rt = runtime("a", cap)
+    done = claimed_record(recipient="r")
+    rt.inflight = 2
+    rt.inflight -= 1
+    cap.hold(done.id_text)
+    assert not cap.free and not rt.can_start(0.0) and cap.waiting_for_commit
+    cap.release([Outcome(done, SENT)])
+    assert cap.free and rt.can_start(0.0) and not cap.waiting_for_commit
+
+
+def test_slots_are_held_only_under_a_cap_and_a_tick_forgets_what_it_gave_up():
+    free = InFlightCap(None)
+    free.hold("x")
+    assert not free.held and free.free and not free.waiting_for_commit
+    cap = InFlightCap(1)
+    cap.hold("y")
+    assert not cap.free
+    cap.forget_held()
+    assert cap.free
