@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -253,3 +254,11 @@ class ChannelRuntime:
         self.queue.clear()
         if self.tenants is not None:
             self.tenants.queued.clear()
+
+
+def next_wait(runtimes: Mapping[int, ChannelRuntime], now_mono: float) -> float:
+    """How long the dispatcher may wait before a queued record may start or a channel claim again
+    (between 1 ms and 50 ms)."""
+    waits = [rt.start_wait(now_mono) for rt in runtimes.values() if rt.queue]
+    waits += [rt.claim_after - now_mono for rt in runtimes.values()]
+    return max(0.001, min([0.05, *[w for w in waits if w > 0]]))

@@ -23,7 +23,7 @@ import structlog
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import Partitions
-from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.engine.channels import ChannelRuntime, next_wait
 from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
@@ -198,7 +198,7 @@ class Dispatcher:
                     remaining = batch_size - stats.claims - claims.reserved
             self._start(runtimes)
             # Wait for finished calls no longer than the completer may hold an outcome back.
-            wait = min(self._wait_time(runtimes), completer.wait_hint()) if self.running else 0.0
+            wait = min(next_wait(runtimes, self.monotonic()), completer.wait_hint()) if self.running else 0.0
             # Batch completions, unless a rate-limited channel waits to start its next send: a start
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
             pacing = any(rt.queue and rt.paced for rt in runtimes.values())
@@ -218,10 +218,16 @@ class Dispatcher:
                 if stuck and not any(rt.claim_after > self.monotonic() for rt in runtimes.values()):
                     break
                 if stuck:
-                    completer.wait(min(0.05, self._wait_time(runtimes)), self.sleep)
+                    completer.wait(next_wait(runtimes, self.monotonic()), self.sleep)
             elif not calls and queued:
+                if not claiming and completer.unavailable and self.cap.waiting_for_commit:
+                    # The database refuses commits and every place under the cap waits for one: the
+                    # queue cannot start before the outage ends. It goes back (a release the outage
+                    # refuses ends the tick as a failed claim does; the leases bring the rows back).
+                    self._release_queued(runtimes, bound, "the worker's cap waits for commits")
+                    continue
                 # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).
-                completer.wait(min(0.05, self._wait_time(runtimes), completer.wait_hint()), self.sleep)
+                completer.wait(min(next_wait(runtimes, self.monotonic()), completer.wait_hint()), self.sleep)
 
     def finish_calls(self, bound: Any, timeout: float) -> None:
         """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""
@@ -328,7 +334,7 @@ class Dispatcher:
             if rt.fallback is not None and eligible(outcome):
                 # The primary's answer feeds the primary's flow control, whatever the fallback does.
                 at = self.monotonic()
-                returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
+                returns.append(Returned(rt, outcome, self.feedback.account_safely(rt, outcome, at), at))
                 with self.settle_lock:  # the fallback may be an inline channel
                     fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
                 if fallback is not None:
@@ -337,7 +343,7 @@ class Dispatcher:
                     returns.append(returned)
             at = self.monotonic()
             if not returns:
-                returns.append(Returned(rt, outcome, self._account(rt, outcome, at), at))
+                returns.append(Returned(rt, outcome, self.feedback.account_safely(rt, outcome, at), at))
             self.running -= 1
             self._hand_over(Finished(outcome, returns))
             # This call no longer counts against the channel's concurrency: at full concurrency the
@@ -364,14 +370,6 @@ class Dispatcher:
         """A call ended: its outcome waits in :attr:`done`, and the dispatcher's wait ends."""
         self.done.append(finished)
         self.send_loop().signal()
-
-    def _account(self, rt: ChannelRuntime, outcome: Outcome, at: float) -> list[ClaimedRecord]:
-        """Flow-control feedback that never loses an outcome or a slot's count."""
-        try:
-            return self.feedback.account(rt, outcome, at)
-        except Exception as exc:
-            log.error("flow-control-failed", channel=rt.key, error=f"{type(exc).__name__}: {exc}")
-            return []
 
     def collect(self, timeout: float, batch_delay: float, bound: Any) -> None:
         """Hand finished calls to the completer, running the send loop up to ``timeout`` for the first one."""
@@ -401,9 +399,3 @@ class Dispatcher:
             self.give_back.hold_back(returned.rt, returned.records, returned.at)
         if give_back:
             self.give_back.release(give_back, "circuit opened before they were sent", bound)
-
-    def _wait_time(self, runtimes: dict[int, ChannelRuntime]) -> float:
-        now_mono = self.monotonic()
-        waits = [rt.start_wait(now_mono) for rt in runtimes.values() if rt.queue]
-        waits += [rt.claim_after - now_mono for rt in runtimes.values()]
-        return max(0.001, min([0.05, *[w for w in waits if w > 0]]))

@@ -6,9 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from notifications_retry.conf import RetrySettings
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
+
+log = structlog.get_logger("notifications_retry.worker")
 
 
 class FlowFeedback:
@@ -48,6 +52,15 @@ class FlowFeedback:
             # are given back instead of being sent into an outage.
             return take_queue(rt)
         return []
+
+    def account_safely(self, rt: ChannelRuntime, outcome: Outcome, at: float) -> list[ClaimedRecord]:
+        """:meth:`account` for a call's slot: an error in flow control is logged, and never loses the
+        outcome or the slot's count."""
+        try:
+            return self.account(rt, outcome, at)
+        except Exception as exc:
+            log.error("flow-control-failed", channel=rt.key, error=f"{type(exc).__name__}: {exc}")
+            return []
 
 
 def throttles(outcome: Outcome) -> bool:

@@ -32,7 +32,7 @@ from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import wake_after
 from notifications_retry.exceptions import RetryableProviderError
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import ClaimedRecord, Outcome
+from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
 from tests.support.records import claimed_record
 
@@ -433,3 +433,62 @@ def test_an_idle_tick_ends_at_once(rows):
     db.add(1, rows)
     stats = run_tick(time, db, [rt])
     assert stats.sent == rows and len(db.claims) == 1 and time.t < 0.1
+
+
+class _AnswersAtOnce:
+    """An asynchronous channel's calls (the send loop's tasks), each delivered at once."""
+
+    def __init__(self, time: FakeTime) -> None:
+        self.clock = time.clock
+        self.sent: list[uuid.UUID] = []
+
+    async def send_async(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        self.sent.append(record.id)
+        return Outcome(record, SENT)
+
+
+def test_a_full_cap_whose_commits_the_database_refuses_gives_its_queue_back_at_the_deadline():
+    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.delivery import CommitUnavailable
+    from notifications_retry.engine.in_flight import InFlightCap
+    from notifications_retry.providers.webhook import WebhookProvider
+
+    time, cap, loop = FakeTime(), InFlightCap(2), SteppedLoop()
+    db = FakeDatabase(time)
+    config = ChannelConfig(
+        id=1, key="hooks", provider_key="webhook", max_concurrency=4, timeout_seconds=5.0,
+        options={"url": "https://hooks.example.com/in"},
+    )  # fmt: skip
+    rt = ChannelRuntime(
+        config, WebhookProvider(config.settings()), CONF, max_concurrency=4, rate_limit=None, cap=cap
+    )
+    db.add(1, 10)
+
+    def down(batch: list[Outcome], now: datetime) -> FinalizeReport:
+        raise CommitUnavailable("connection refused", batch)
+
+    def sleep(seconds: float) -> None:
+        assert time.t < 60, "the tick went on waiting for commits past its deadline"
+        time.sleep(seconds)
+
+    completer = Completer(
+        clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
+        commit=down, slots=cap,
+    )  # fmt: skip
+    executor = _AnswersAtOnce(time)
+    dispatcher = Dispatcher(
+        conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
+        send_loop=lambda: loop, monotonic=time.monotonic, stopping=lambda: False, lane_priorities=None,
+        db=db, sleep=sleep, cap=cap,
+    )  # fmt: skip
+    stats = TickStats(run_id="outage")
+    dispatcher.reporter.begin_tick(stats, Log())
+    rt.reset_for_tick(config)
+    try:
+        dispatcher.run({1: rt}, stats, batch_size=1000, deadline=1.0, lock=FakeLock(time), bound=Log())  # type: ignore[arg-type]
+    finally:
+        loop.close()
+    assert len(executor.sent) == 2, "no call starts while its place waits for a commit"
+    assert completer.pending == 2 and cap.held == {str(i) for i in executor.sent}
+    assert set(db.leased) == set(executor.sent), "only the calls made wait for their commit, leased"
+    assert db.released and not rt.queue, "the queue went back"
