@@ -78,7 +78,7 @@ def run_steps(steps: Steps[_T], cursor: Any) -> _T:
             statement = steps.send(answer)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        if statement.copy is not None:
+        if statement.copy is not None and hasattr(getattr(cursor, "cursor", None), "copy"):
             _copy_in(cursor, statement.copy)
             answer = None
             continue
@@ -88,7 +88,8 @@ def run_steps(steps: Steps[_T], cursor: Any) -> _T:
 
 def _copy_in(cursor: Any, copy: CopyIn) -> None:
     """``copy`` on Django's cursor: through its psycopg cursor, with Django's error wrapping, so that
-    a refused row raises the ``DatabaseError`` an ``INSERT``'s would."""
+    a refused row raises the ``DatabaseError`` an ``INSERT``'s would. (A cursor without psycopg's
+    ``copy``, behind a wrapper of its own, runs the statement's ``INSERT`` instead.)"""
     with cursor.db.wrap_database_errors, cursor.cursor.copy(copy.sql) as writer:
         for row in copy.rows():
             writer.write_row(row)

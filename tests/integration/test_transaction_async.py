@@ -153,3 +153,23 @@ def test_a_refused_copy_raises_django_s_database_error(table):
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         run_steps(steps(), cursor)
     assert rows() == []
+
+
+def test_a_cursor_without_psycopg_s_copy_runs_the_insert(table):
+    class Wrapped:  # a DB-API cursor behind a wrapper of its own, with no psycopg cursor to copy on
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def execute(self, sql: str, params: Any) -> None:
+            self.inner.execute(sql, params)
+
+        def fetchall(self) -> Any:
+            return self.inner.fetchall()
+
+    def steps() -> Steps[None]:
+        yield copying("inserted")
+        return None
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        run_steps(steps(), Wrapped(cursor))
+    assert rows() == [(1, "inserted")]
