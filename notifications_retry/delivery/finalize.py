@@ -27,6 +27,7 @@ from notifications_retry import events
 from notifications_retry.delivery import health
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import (
+    CopyIn,
     Statement,
     Steps,
     json_document,
@@ -34,6 +35,7 @@ from notifications_retry.delivery.statements import (
     run_transaction_async,
 )
 from notifications_retry.delivery.suppression import gone_mailboxes, suppress_gone_mailboxes
+from notifications_retry.event_ids import outbox_event_id
 from notifications_retry.exception_chain import first_line
 from notifications_retry.models import (
     CONTRACT_VERSION,
@@ -133,6 +135,11 @@ SELECT nr_outbox_event_id(%(topic)s, v.key, v.generation), %(topic)s, v.key, %(v
        v.payload, %(now)s, NULL
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(key text, generation int, payload jsonb)
 """
+# The same rows as a COPY (statements.CopyIn: a WAL record per page of events, not one per event),
+# their ids derived here as the database derives them (event_ids); the insert trigger checks each.
+_OUTBOX_COPY = (
+    f"COPY {_OUTBOX} (event_id, topic, key, contract_version, generation, payload, created_at) FROM STDIN"
+)
 
 
 def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list[Outcome]:
@@ -224,7 +231,27 @@ def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) 
                 }
             )
         topic = {"topic": DISPATCHED_TOPIC, "version": CONTRACT_VERSION}
-        yield Statement(_OUTBOX_INSERT, {**topic, "now": now, "rows": json_document(event_rows)}, rows=False)
+
+        def copied() -> list[tuple[Any, ...]]:
+            return [
+                (
+                    outbox_event_id(DISPATCHED_TOPIC, e["key"], e["generation"]),
+                    DISPATCHED_TOPIC,
+                    e["key"],
+                    CONTRACT_VERSION,
+                    e["generation"],
+                    json_document(e["payload"]),
+                    now,
+                )
+                for e in event_rows
+            ]
+
+        yield Statement(
+            _OUTBOX_INSERT,
+            {**topic, "now": now, "rows": json_document(event_rows)},
+            rows=False,
+            copy=CopyIn(_OUTBOX_COPY, copied),
+        )
     return applied
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -28,12 +28,29 @@ _T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CopyIn:
+    """The rows an ``INSERT`` writes, as a ``COPY … FROM STDIN`` of the same rows (``sql``: the COPY;
+    ``rows``: called when the COPY runs, one tuple per row in the COPY's column order)."""
+
+    sql: str
+    rows: Callable[[], Iterable[Sequence[Any]]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Statement:
-    """One statement: its SQL, its parameters, and whether its rows are read."""
+    """One statement: its SQL, its parameters, and whether its rows are read.
+
+    ``copy``: the same rows as a COPY, which :func:`run_steps` runs instead of the ``INSERT``. COPY
+    writes a page's new rows in one WAL record (PostgreSQL's multi-insert), where an ``INSERT`` writes
+    a record per row, with its own header, block reference and tuple header. On the send loop's
+    connection the ``INSERT`` travels in the message of the statements around it (its rows are not
+    read), which a COPY's own exchange cannot: :func:`run_transaction_async` runs the ``INSERT``.
+    """
 
     sql: str
     params: Mapping[str, Any]
     rows: bool = True
+    copy: CopyIn | None = None
 
 
 #: What a step function yields and receives: rows (a list of tuples), or None when they are not read.
@@ -53,15 +70,29 @@ def json_document(value: Any) -> str:
 
 
 def run_steps(steps: Steps[_T], cursor: Any) -> _T:
-    """Run ``steps`` on a synchronous DB-API cursor (Django's); the caller holds the transaction."""
+    """Run ``steps`` on Django's cursor (a statement's ``copy`` through its psycopg cursor); the caller
+    holds the transaction."""
     answer: Any = None
     while True:
         try:
             statement = steps.send(answer)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+        if statement.copy is not None and hasattr(getattr(cursor, "cursor", None), "copy"):
+            _copy_in(cursor, statement.copy)
+            answer = None
+            continue
         cursor.execute(statement.sql, statement.params)
         answer = cursor.fetchall() if statement.rows else None
+
+
+def _copy_in(cursor: Any, copy: CopyIn) -> None:
+    """``copy`` on Django's cursor: through its psycopg cursor, with Django's error wrapping, so that
+    a refused row raises the ``DatabaseError`` an ``INSERT``'s would. (A cursor without psycopg's
+    ``copy``, behind a wrapper of its own, runs the statement's ``INSERT`` instead.)"""
+    with cursor.db.wrap_database_errors, cursor.cursor.copy(copy.sql) as writer:
+        for row in copy.rows():
+            writer.write_row(row)
 
 
 async def run_transaction_async(
@@ -111,4 +142,4 @@ async def _end(conn: Any) -> None:
         raise
 
 
-__all__ = ["Statement", "Steps", "run_steps", "run_transaction_async"]
+__all__ = ["CopyIn", "Statement", "Steps", "run_steps", "run_transaction_async"]

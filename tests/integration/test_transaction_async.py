@@ -8,9 +8,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 
-from notifications_retry.delivery.statements import Statement, Steps, run_transaction_async
+from notifications_retry.delivery.statements import CopyIn, Statement, Steps, run_steps, run_transaction_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,3 +116,60 @@ def test_before_commit_runs_once_every_read_is_done_and_before_the_held_writes(t
     assert result is None
     assert during == [[]], "nothing is visible to another session before the COMMIT"
     assert rows() == [(1, "read before"), (2, "held")]
+
+
+def copying(note: str) -> Statement:
+    """An INSERT of (1, note) whose COPY writes (2, note) instead: which one ran shows in the table."""
+    return Statement(
+        "INSERT INTO nr_test_tx VALUES (1, %(note)s)",
+        {"note": note},
+        rows=False,
+        copy=CopyIn("COPY nr_test_tx (id, note) FROM STDIN", lambda: [(2, note)]),
+    )
+
+
+def test_django_s_cursor_runs_a_statement_s_copy_and_the_loop_s_connection_its_insert(table):
+    def steps() -> Steps[None]:
+        yield copying("tab\there, a back\\slash")
+        return None
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        run_steps(steps(), cursor)
+    assert rows() == [(2, "tab\there, a back\\slash")]
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM nr_test_tx")
+    result, _ = run(steps())
+    assert result is None
+    assert rows() == [(1, "tab\there, a back\\slash")]
+
+
+def test_a_refused_copy_raises_django_s_database_error(table):
+    # finalize tells a refused row from an outage by Django's exceptions: a COPY raises the same ones.
+    def steps() -> Steps[None]:
+        yield copying("first")
+        yield copying("again")  # the same key
+        return None
+
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        run_steps(steps(), cursor)
+    assert rows() == []
+
+
+def test_a_cursor_without_psycopg_s_copy_runs_the_insert(table):
+    class Wrapped:  # a DB-API cursor behind a wrapper of its own, with no psycopg cursor to copy on
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def execute(self, sql: str, params: Any) -> None:
+            self.inner.execute(sql, params)
+
+        def fetchall(self) -> Any:
+            return self.inner.fetchall()
+
+    def steps() -> Steps[None]:
+        yield copying("inserted")
+        return None
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        run_steps(steps(), Wrapped(cursor))
+    assert rows() == [(1, "inserted")]
