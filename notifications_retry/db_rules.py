@@ -9,34 +9,20 @@ from __future__ import annotations
 import pgtrigger
 
 # Kept in one place: the due-time rule the claim index and the trigger agree on.
-#
-# A lease leaves due_at where it was (LEAST keeps the earlier time, and skips a NULL): a row is
-# claimed only when due, so its lease ends after its due time, and the lease's UPDATE then changes no
-# indexed column and can be HOT (no entry in any of the table's indexes, the new version on the same
-# page). The claim reads the lease from the row instead (delivery.claim_statements.NOT_LEASED), and
-# when a row may be claimed, leased or not, is effective_due() below. A leased row with no due time
-# of its own (a fresh Pending row leased by api.send_now) is due at its lease's end, so that the
-# worker recovers it if its sender died.
-DUE_AT_RULE = """LEAST(CASE
+DUE_AT_RULE = """CASE
+        WHEN NEW.claim_token IS NOT NULL THEN NEW.claim_expires_at
         WHEN NEW.status = 'failed' AND NEW.dead_lettered_at IS NULL
             THEN COALESCE(NEW.next_attempt_at, NEW.created_at)
         WHEN NEW.status = 'pending' THEN NEW.scheduled_at
         ELSE NULL
-    END, CASE WHEN NEW.claim_token IS NOT NULL THEN NEW.claim_expires_at END)"""
-
-
-def effective_due(row: str) -> str:
-    """SQL: when ``row`` may be claimed: its lease's end while it is leased, else its ``due_at``."""
-    return f"CASE WHEN {row}.claim_token IS NOT NULL THEN {row}.claim_expires_at ELSE {row}.due_at END"
-
-
+    END"""
 DUE_AT_SQL = f"""
     NEW.due_at := {DUE_AT_RULE};
     RETURN NEW;
 """
-# The trigger runs only when a write left due_at off the rule: the worker's finalize sets it itself and
-# its claim leaves it on the rule, and a PL/pgSQL call per row (with django-pgtrigger's ignore check,
-# a subtransaction each) was a measurable share of a drain's server time (docs/performance.md).
+# The trigger runs only when a write left due_at off the rule: the worker's claim and finalize set it
+# themselves, and a PL/pgSQL call per row (with django-pgtrigger's ignore check, a subtransaction
+# each) was a measurable share of a drain's server time (docs/performance.md).
 DUE_AT_OFF_RULE = f"NEW.due_at IS DISTINCT FROM ({DUE_AT_RULE})"
 
 
@@ -173,9 +159,8 @@ def wakeup_triggers() -> list[pgtrigger.Trigger]:
     row, a retry, a requeue, "retry now", a given-back lease).
 
     In the writer's own transaction, so it works through any pooler (PgBouncer in transaction mode
-    too): only the worker LISTENs, on its direct connection. A write that makes a row claimable later (a
-    claim: at its lease's end) or never (an outcome) wakes no one, and the condition is checked before
-    any call.
+    too): only the worker LISTENs, on its direct connection. A write that moves ``due_at`` later (a
+    claim) or clears it (an outcome) wakes no one, and the condition is checked before any call.
     """
     return [
         # Once per statement, over the statement's new rows: with a row-level trigger a bulk INSERT's
@@ -196,12 +181,8 @@ def wakeup_triggers() -> list[pgtrigger.Trigger]:
             name="nr_wakeup_on_update",
             when=pgtrigger.After,
             operation=pgtrigger.Update,
-            # By when a row may be claimed (effective_due), not by due_at alone: a lease leaves
-            # due_at as it was, so a lease given back (or a retry sooner than the lease's end) would
-            # not move due_at earlier.
             condition=pgtrigger.Condition(
-                f"(({effective_due('NEW')}) IS NOT NULL AND (({effective_due('OLD')}) IS NULL "
-                f"OR ({effective_due('NEW')}) < ({effective_due('OLD')})))"
+                "NEW.due_at IS NOT NULL AND (OLD.due_at IS NULL OR NEW.due_at < OLD.due_at)"
             ),
             func=NOTIFY_WAKEUP_SQL,
         ),

@@ -170,11 +170,9 @@ class NotificationEntityAdmin(TriageActions):
 
     @admin.display(description="next", ordering="due_at")
     def due_display(self, obj: NotificationEntity) -> str:
-        # A leased row keeps its due_at: it may be claimed again at its lease's end.
-        due = obj.claim_expires_at if obj.claim_token is not None else obj.due_at
-        if due is None:
+        if obj.due_at is None:
             return "—"
-        delta = (due - timezone.now()).total_seconds()
+        delta = (obj.due_at - timezone.now()).total_seconds()
         return f"in {display.format_age(delta)}" if delta > 0 else f"due {display.format_age(-delta)} ago"
 
     @admin.display(description="error kind", ordering="error_kind")

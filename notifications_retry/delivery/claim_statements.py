@@ -38,12 +38,6 @@ ESTIMATE_13 = "LEAST(90::bigint * pg_column_size(t.payload), %(max_payload)s)"
 # big tenant's backlog spreads over every partition (its fairness is the claim's order's business).
 PARTITION_OF = "mod(uuid_hash_extended({row}.id, 0) & 9223372036854775807, %(partition_count)s::bigint)"
 
-#: The claim's condition on the lease, one of its ``{filters}``: a leased row keeps its ``due_at``
-#: (db_rules.DUE_AT_RULE), so the due index lists it as due while its lease runs; it is claimable
-#: again once the lease ran out (its worker died). Read from the row: the lease's columns are in no
-#: index, which is what keeps the lease's UPDATE HOT.
-NOT_LEASED = "AND (t.claim_token IS NULL OR t.claim_expires_at <= %(now)s)"
-
 #: Tenants a claim visits per channel at most. The walk over a channel's tenants also stops once it
 #: found PICK_FACTOR times the channel's limit of tenants with a due row (round one alone fills the
 #: claim then). Past either bound, claims at other times start the walk elsewhere on the ring of tenant
@@ -273,12 +267,11 @@ CLAIM_SELECT_ONE_CAPPED = _LOCK.replace("{picks}", _CAPS_CTE + ONE_PICK.replace(
 
 # Ids and lease lengths travel as comma-joined text: a psycopg array parameter is quoted element by
 # element in Python (a datetime costs more than its row's share of the statement).
-# due_at is left as it is (db_rules.DUE_AT_RULE: a claimed row's lease ends after its due time), so
-# the lease writes no indexed column: a HOT update, with no new entry in any index.
 CLAIM_UPDATE = f"""
 UPDATE {_TABLE} t
 SET attempts = t.attempts + 1, claim_token = %(token)s,
-    claim_expires_at = %(now)s + v.lease * interval '1 second', updated_at = %(now)s
+    claim_expires_at = %(now)s + v.lease * interval '1 second', updated_at = %(now)s,
+    due_at = %(now)s + v.lease * interval '1 second'  -- db_rules.DUE_AT_RULE: due at its lease's end
 FROM unnest(string_to_array(%(ids)s, ',')::uuid[], string_to_array(%(leases)s, ',')::float8[])
      AS v(id, lease)
 WHERE t.id = v.id
@@ -340,7 +333,7 @@ def claim_query(
     PostgreSQL's (``server_version_num``), by default as Django's connection read it. A plan with
     per-tenant caps (ChannelClaim.tenant_caps) gets the statement with caps, and their parameter.
     """
-    filters = [NOT_LEASED]
+    filters = []
     # The walk over tenants counts a tenant whatever partition its rows are in, and finds one with a row
     # of the worker's partitions among about count / owned: it may visit that many times more tenants.
     tenants = TENANTS_PER_CLAIM

@@ -24,9 +24,8 @@ CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (out
 
 class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
     def due(self, now: Any) -> NotificationQuerySet:
-        """Rows the worker may claim at ``now``: due (the trigger-maintained ``due_at`` says when), and
-        not leased or their lease ran out (a lease leaves ``due_at`` as it was: db_rules.DUE_AT_RULE)."""
-        return self.filter(Q(claim_token__isnull=True) | Q(claim_expires_at__lte=now), due_at__lte=now)
+        """Rows the worker may claim at ``now`` (the trigger-maintained ``due_at`` says when)."""
+        return self.filter(due_at__lte=now)
 
     def dead_letters(self) -> NotificationQuerySet:
         """Terminal failures, resolved or not."""

@@ -6,7 +6,6 @@ import dataclasses
 from datetime import datetime
 
 from django.db.models import Count, Min
-from django.db.models.functions import Greatest
 
 from notifications_retry.models import NotificationEntity
 
@@ -52,8 +51,7 @@ def status_breakdown(now: datetime) -> list[StatusRow]:
 def backlog(now: datetime) -> Backlog:
     """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row."""
     due_qs = NotificationEntity.objects.due(now)
-    # A row whose lease ran out has been due since its lease's end (GREATEST skips a NULL).
-    oldest = due_qs.aggregate(oldest=Min(Greatest("due_at", "claim_expires_at")))["oldest"]
+    oldest = due_qs.aggregate(oldest=Min("due_at"))["oldest"]
     return Backlog(
         due=due_qs.count(),
         failed_backlog=NotificationEntity.objects.failed_backlog().count(),

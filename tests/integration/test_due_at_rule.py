@@ -9,9 +9,8 @@ import pytest
 from django.db import connection
 
 from notifications_retry.delivery import RETRY, SENT, TERMINAL, ChannelClaim, Outcome, claim_due, finalize
-from notifications_retry.delivery.handoff import lease_fresh
 from notifications_retry.models import NotificationEntity
-from tests.factories import ChannelFactory, NotificationFactory, due_notifications
+from tests.factories import ChannelFactory, due_notifications
 
 TABLE = NotificationEntity._meta.db_table
 
@@ -26,10 +25,10 @@ def rule(pk) -> object:
     """The rule, computed from the row as it is now."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""SELECT LEAST(CASE WHEN status = 'failed' AND dead_lettered_at IS NULL
-                                 THEN COALESCE(next_attempt_at, created_at)
-                             WHEN status = 'pending' THEN scheduled_at END,
-                             CASE WHEN claim_token IS NOT NULL THEN claim_expires_at END)
+            f"""SELECT CASE WHEN claim_token IS NOT NULL THEN claim_expires_at
+                       WHEN status = 'failed' AND dead_lettered_at IS NULL
+                           THEN COALESCE(next_attempt_at, created_at)
+                       WHEN status = 'pending' THEN scheduled_at END
                 FROM {TABLE} WHERE id = %s""",
             [pk],
         )
@@ -76,7 +75,7 @@ def test_the_claim_and_the_finalize_write_the_rule_themselves(clock, result):
         budgets={channel.pk: (channel.max_attempts, channel.key)},
     )
     (record,) = batch.records
-    assert due_at(row.pk) == rule(row.pk) == row.next_attempt_at, "leased: its due time kept"
+    assert due_at(row.pk) == rule(row.pk) == clock.now() + timedelta(seconds=40), "leased: due at expiry"
     later = clock.now() + timedelta(minutes=5)
     outcome = Outcome(
         record,
@@ -89,16 +88,3 @@ def test_the_claim_and_the_finalize_write_the_rule_themselves(clock, result):
     report = finalize([outcome], clock.now())
     assert [o.record.id for o in report.applied] == [row.pk]
     assert due_at(row.pk) == rule(row.pk) == (later if result == RETRY else None)
-
-
-@pytest.mark.django_db
-def test_a_fresh_row_leased_by_send_now_is_due_at_its_leases_end(clock):
-    # It has no due time of its own: were its sender to die, the worker takes it once the lease ran out.
-    channel = ChannelFactory(key="in_app", timeout_seconds=5)
-    row = NotificationFactory(channel=channel)
-    assert due_at(row.pk) is None
-    record, _ = lease_fresh(row.pk, now=clock.now())
-    assert record.lease_expires_at is not None
-    assert due_at(row.pk) == rule(row.pk) == record.lease_expires_at
-    assert not NotificationEntity.objects.due(clock.now()).exists()
-    assert NotificationEntity.objects.due(record.lease_expires_at).get().pk == row.pk
