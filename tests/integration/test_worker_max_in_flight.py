@@ -36,6 +36,28 @@ class Gauge:
         return Reply(200, {"id": "x"})
 
 
+def due_rows(clock, key: str, url: str, count: int) -> list[NotificationEntity]:
+    """``count`` due retries of a webhook channel ``key`` (max_concurrency 8) pointed at ``url``."""
+    channel = ChannelFactory(key=key, provider_key="webhook", max_concurrency=8, options={"url": url})
+    return NotificationEntity.objects.bulk_create(
+        NotificationFactory.build(
+            channel=channel,
+            status=Status.FAILED,
+            attempts=1,
+            next_attempt_at=clock.now() - timedelta(seconds=60),
+        )
+        for _ in range(count)
+    )
+
+
+def one_tick(clock, max_in_flight: int | None):
+    worker = Worker(clock=clock, rng=random.Random(1), batch_size=1000, max_in_flight=max_in_flight)
+    try:
+        return worker.tick()
+    finally:
+        worker.close()
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("setting", "option", "cap"), [(3, None, 3), (64, 2, 2)])
 def test_the_worker_never_has_more_calls_in_flight_than_its_cap(clock, settings, setting, option, cap):
@@ -43,25 +65,8 @@ def test_the_worker_never_has_more_calls_in_flight_than_its_cap(clock, settings,
     gauge = Gauge()
     server = ScriptedServer(gauge).start()
     try:
-        rows = []
-        for key in ("hooks-a", "hooks-b"):
-            channel = ChannelFactory(
-                key=key, provider_key="webhook", max_concurrency=8, options={"url": server.url}
-            )
-            rows += NotificationEntity.objects.bulk_create(
-                NotificationFactory.build(
-                    channel=channel,
-                    status=Status.FAILED,
-                    attempts=1,
-                    next_attempt_at=clock.now() - timedelta(seconds=60),
-                )
-                for _ in range(24)
-            )
-        worker = Worker(clock=clock, rng=random.Random(1), batch_size=1000, max_in_flight=option)
-        try:
-            stats = worker.tick()
-        finally:
-            worker.close()
+        rows = [*due_rows(clock, "hooks-a", server.url, 24), *due_rows(clock, "hooks-b", server.url, 24)]
+        stats = one_tick(clock, option)
     finally:
         server.stop()
     assert stats.sent == len(rows) == 48
@@ -108,23 +113,8 @@ def test_a_call_keeps_its_place_under_the_cap_until_its_outcome_is_committed(clo
     watch = CommitWatch()
     server = ScriptedServer(watch).start()
     try:
-        channel = ChannelFactory(
-            key="hooks", provider_key="webhook", max_concurrency=8, options={"url": server.url}
-        )
-        NotificationEntity.objects.bulk_create(
-            NotificationFactory.build(
-                channel=channel,
-                status=Status.FAILED,
-                attempts=1,
-                next_attempt_at=clock.now() - timedelta(seconds=60),
-            )
-            for _ in range(40)
-        )
-        worker = Worker(clock=clock, rng=random.Random(1), batch_size=1000, max_in_flight=cap)
-        try:
-            stats = worker.tick()
-        finally:
-            worker.close()
+        due_rows(clock, "hooks", server.url, 40)
+        stats = one_tick(clock, cap)
     finally:
         server.stop()
         watch.db.close()
