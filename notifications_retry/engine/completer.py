@@ -200,9 +200,11 @@ class Completer:
     def keep_leased(self, outcomes: list[Outcome], now: datetime, bound: Any) -> list[Outcome]:
         """Outcomes whose lease still holds; the rest are dropped and logged."""
         kept: list[Outcome] = []
+        dropped: list[Outcome] = []
         for outcome in outcomes:
             expires = outcome.record.lease_expires_at
             if expires is not None and expires <= now:
+                dropped.append(outcome)
                 bound.warning(
                     "item-stale",
                     notification_id=str(outcome.record.id),
@@ -212,9 +214,8 @@ class Completer:
                 )
             else:
                 kept.append(outcome)
-        if self.slots is not None and len(kept) < len(outcomes):
-            kept_ids = {id(outcome) for outcome in kept}
-            self.slots.release(outcome for outcome in outcomes if id(outcome) not in kept_ids)
+        if self.slots is not None and dropped:
+            self.slots.release(dropped)
         return kept
 
     def put_back(self, batch: list[Outcome]) -> None:

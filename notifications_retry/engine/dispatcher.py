@@ -184,8 +184,7 @@ class Dispatcher:
                     bound.info("partitions-rebalance", owned=list(partitioned.owned), share=partitioned.share)
                     self._release_queued(runtimes, bound, "the worker's partitions are rebalanced")
             claims.take_ahead(bound, wait=not claiming)
-            # What may start now starts before a claim: the claim's round trip would hold it back (a
-            # slot a commit just freed, a record a claim beside this one brought in).
+            # What may start (a slot a commit just freed) starts before a claim, not after its round trip.
             self._start(runtimes)
             if claiming:
                 with self.settle_lock:

@@ -132,7 +132,7 @@ class Worker:
             monotonic=monotonic,
             on_report=self.reporter.report,
             max_batch=max(1, min(conf.CLAIM_CHUNK_SIZE, self.batch_size)),
-            slots=cap if cap.limit is not None else None,
+            slots=cap,
         )
         # Commits and a second claimer run beside the claims, each on a connection of its own — unless
         # this thread is inside a transaction (a test's), whose rows no other connection can see.
