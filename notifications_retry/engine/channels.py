@@ -21,7 +21,7 @@ from notifications_retry.delivery.channel_rules import (
     backoff_policy,
     lease_seconds,
 )
-from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
+from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter, StartPacer
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.tenant_limits import TenantLimits
 from notifications_retry.models import ChannelConfig
@@ -86,6 +86,8 @@ class ChannelRuntime:
             conf.CIRCUIT_COOLDOWN_SECONDS,
             on_change=functools.partial(_circuit_changed, config.key),
         )
+        #: Spreads the starts of a channel sent on the send loop (engine.flow_control).
+        self.pacer = StartPacer()
         self.paused_until = 0.0
         #: When the last pause began (monotonic): records held back later wait for the pause from then.
         self.paused_at = 0.0
@@ -218,6 +220,15 @@ class ChannelRuntime:
         if self.bypassed(now_mono) or not self.limiter.ready(now_mono):
             return False
         return self.inline or (self.inflight < self.max_concurrency and self.cap.free)
+
+    def start_delay(self, now: float) -> float:
+        """Seconds to put off a call about to start on the send loop, so a burst of starts is spread
+        (``now`` on the loop's clock). A rate-limited channel is spaced by its limiter instead, and a
+        circuit's probe is never put off."""
+        if self.paced or self.breaker.state != self.breaker.CLOSED:
+            return 0.0
+        concurrency = min(self.max_concurrency, self.cap.limit or self.max_concurrency)
+        return self.pacer.delay(now, concurrency)
 
     def set_share(self, share: float) -> None:
         """Use ``share`` (0 to 1) of the lane's limits: the part of the partitions this worker owns.

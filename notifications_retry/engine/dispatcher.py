@@ -14,6 +14,7 @@ again when the pause ends) — unless the channel has a fallback that can take t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -165,8 +166,9 @@ class Dispatcher:
                 self.abandoned = True
                 bound.error("calls-abandoned", count=self.running, reason="past the channel timeout")
                 break
-            if self.stopping() and any(rt.queue for rt in runtimes.values()):
-                self._release_queued(runtimes, bound, "stop requested before they were sent")
+            if (self.stopping() or ownership.lost) and any(rt.queue for rt in runtimes.values()):
+                why = "stop requested" if self.stopping() else "the cycle's lock was lost"
+                self._release_queued(runtimes, bound, f"{why} before they were sent")
             # The lock is asked about on every pass, claiming or not: sends start only while it was
             # seen held within the ownership window, and the question keeps its session from idling.
             if not ownership.lost and now_mono - lock_checked_at >= LOCK_CHECK_SECONDS:
@@ -327,8 +329,19 @@ class Dispatcher:
 
     async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
         """One concurrency slot of a channel: send, then keep it busy with the channel's next record."""
+        loop_time = asyncio.get_running_loop().time
         while True:
+            delay = rt.start_delay(loop_time())  # a burst of starts is spread (engine.flow_control)
+            if delay > 0:
+                await asyncio.sleep(delay)
+                if not self._may_send():  # stopped or lost meanwhile: back in line, never sent
+                    rt.inflight, self.running = rt.inflight - 1, self.running - 1
+                    rt.queue.appendleft(record)
+                    self.send_loop().signal()
+                    return
+            started = loop_time()
             outcome = await self.executor.send_async(rt, record)
+            rt.pacer.observe(loop_time() - started)
             returns: list[Returned] = []
             if rt.fallback is not None and eligible(outcome):
                 # The primary's answer feeds the primary's flow control, whatever the fallback does.

@@ -1,7 +1,8 @@
-"""Per-channel flow control held by the worker: a sender-side rate limit and a circuit breaker.
+"""Per-channel flow control held by the worker: a sender-side rate limit, a circuit breaker, and the
+spacing of a channel's starts over its calls' duration.
 
-Both run on the worker's scheduling thread and use ``time.monotonic()`` seconds, never the
-database clock: they pace and pause real calls, not due times.
+All run on the worker's scheduling thread and use monotonic seconds, never the database clock: they
+pace and pause real calls, not due times.
 """
 
 from __future__ import annotations
@@ -52,6 +53,49 @@ class RateLimiter:
     def wait_time(self, now: float) -> float:
         """Seconds until the next send may start (0 when it may start now)."""
         return max(0.0, self.next_at - now) if self.limited else 0.0
+
+
+#: How much faster than its calls' own pace a channel's starts may follow one another: a burst is
+#: spread, and a channel whose calls get faster is never held back for long (the pace follows them).
+PACE_MARGIN = 2.0
+#: Starts spaced further apart than this are not spaced at all: answers that far apart never wait
+#: for one another on the loop, and a slow provider's calls keep starting as soon as they can.
+MAX_PACE_SPACING = 0.002
+#: The longest a start is put off to spread a burst.
+MAX_PACE_DELAY = 0.02
+#: The weight of the last call in the mean call time the pace follows.
+PACE_WEIGHT = 0.05
+
+
+class StartPacer:
+    """Spreads a channel's starts over its calls' mean duration, so its answers arrive spread too.
+
+    Calls started in one burst (a claim's rows, a refilled queue) answer in one burst, and every
+    answer then waits on the loop while those before it are handled and the next calls started; the
+    burst comes back the same way on every round. Starts at most ``PACE_MARGIN`` times as close as
+    ``mean call time / concurrency`` break it up; once spread, the calls keep their spacing and the
+    pace delays nothing. Time here is the send loop's own clock, the one its waits run on.
+    """
+
+    def __init__(self) -> None:
+        #: Mean call duration (seconds; 0 until a call ended), weighted toward the latest calls.
+        self.mean_call = 0.0
+        #: The earliest time the next start may take.
+        self.next_at = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """A call took ``seconds``."""
+        seconds, mean = max(0.0, seconds), self.mean_call
+        self.mean_call = mean + PACE_WEIGHT * (seconds - mean) if mean else seconds
+
+    def delay(self, now: float, concurrency: int) -> float:
+        """Seconds to put off a start due at ``now`` (0.0: start now); books the start's place."""
+        spacing = self.mean_call / max(1, concurrency) / PACE_MARGIN
+        if spacing <= 0 or spacing > MAX_PACE_SPACING:
+            return 0.0
+        at = min(max(now, self.next_at), now + MAX_PACE_DELAY)
+        self.next_at = at + spacing
+        return at - now
 
 
 #: Called with (old state, new state) whenever a breaker changes state.

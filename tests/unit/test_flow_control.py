@@ -1,11 +1,18 @@
-"""The rate limiter's pacing and the circuit breaker's state machine, with explicit times."""
+"""The rate limiter's pacing, the circuit breaker's state machine and the start pacer, with explicit times."""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 
-from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter
+from notifications_retry.engine.flow_control import (
+    MAX_PACE_DELAY,
+    MAX_PACE_SPACING,
+    PACE_MARGIN,
+    CircuitBreaker,
+    RateLimiter,
+    StartPacer,
+)
 
 
 def max_in_window(times: list[float], window: float = 1.0) -> int:
@@ -114,3 +121,57 @@ def test_a_permanent_error_on_the_probe_frees_the_probe_slot():
     breaker.neutral()
     assert breaker.state == "half_open"
     assert breaker.capacity(1.1, 5) == 1
+
+
+# -- the start pacer ----------------------------------------------------------------------------------
+
+
+def test_a_pacer_delays_nothing_until_a_call_has_taken_time():
+    pacer = StartPacer()
+    assert [pacer.delay(0.0, 32) for _ in range(50)] == [0.0] * 50
+
+
+def test_a_burst_of_starts_is_spread_over_the_calls_mean_duration():
+    pacer = StartPacer()
+    pacer.observe(0.020)
+    spacing = 0.020 / 32 / PACE_MARGIN
+    delays = [pacer.delay(1.0, 32) for _ in range(32)]
+    assert delays[0] == 0.0
+    assert all(abs(b - a - spacing) < 1e-9 for a, b in itertools.pairwise(delays))
+    assert delays[-1] < 0.020, "the whole burst starts within one call's time"
+
+
+def test_starts_already_spread_are_not_delayed():
+    pacer = StartPacer()
+    pacer.observe(0.020)
+    spacing = 0.020 / 32 / PACE_MARGIN
+    now, delays = 1.0, []
+    for _ in range(100):
+        delays.append(pacer.delay(now, 32))
+        now += spacing * 1.01
+    assert delays == [0.0] * 100
+
+
+def test_no_start_waits_longer_than_the_longest_pace_delay():
+    pacer = StartPacer()
+    pacer.observe(0.050)
+    delays = [pacer.delay(0.0, 16) for _ in range(500)]
+    assert max(delays) <= MAX_PACE_DELAY + 1e-12
+    assert delays[-1] == MAX_PACE_DELAY
+
+
+def test_a_slow_providers_starts_are_not_spaced():
+    # Spaced further apart than MAX_PACE_SPACING, answers never wait on the loop for one another.
+    pacer = StartPacer()
+    pacer.observe(2.0)
+    assert 2.0 / 32 / PACE_MARGIN > MAX_PACE_SPACING
+    assert [pacer.delay(0.0, 32) for _ in range(10)] == [0.0] * 10
+
+
+def test_the_pace_follows_calls_that_get_faster():
+    pacer = StartPacer()
+    pacer.observe(1.0)
+    for _ in range(200):
+        pacer.observe(0.010)
+    assert abs(pacer.mean_call - 0.010) < 0.001
+    assert pacer.delay(0.0, 10) == 0.0 and 0 < pacer.delay(0.0, 10) < 0.001
