@@ -58,9 +58,10 @@ class RateLimiter:
 #: How much faster than its calls' own pace a channel's starts may follow one another: a burst is
 #: spread, and a channel whose calls get faster is never held back for long (the pace follows them).
 PACE_MARGIN = 2.0
-#: Starts spaced further apart than this are not spaced at all: answers that far apart never wait
-#: for one another on the loop, and a slow provider's calls keep starting as soon as they can.
-MAX_PACE_SPACING = 0.002
+#: Starts spaced further apart than this are not spaced at all. A burst then takes the loop a small
+#: part of one call's time (a few answers a millisecond), so its answers hardly wait for one another,
+#: while spreading it would split the commits of its outcomes into many small ones.
+MAX_PACE_SPACING = 0.001
 #: The longest a start is put off to spread a burst.
 MAX_PACE_DELAY = 0.02
 #: The weight of the last call in the mean call time the pace follows.

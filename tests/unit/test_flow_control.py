@@ -154,7 +154,7 @@ def test_starts_already_spread_are_not_delayed():
 
 def test_no_start_waits_longer_than_the_longest_pace_delay():
     pacer = StartPacer()
-    pacer.observe(0.050)
+    pacer.observe(0.030)
     delays = [pacer.delay(0.0, 16) for _ in range(500)]
     assert max(delays) <= MAX_PACE_DELAY + 1e-12
     assert delays[-1] == MAX_PACE_DELAY

@@ -513,12 +513,12 @@ def test_only_a_closed_unlimited_channel_spreads_its_starts_and_by_the_calls_it_
     from notifications_retry.engine.in_flight import InFlightCap
 
     def delays(rt: ChannelRuntime) -> list[float]:
-        rt.pacer.observe(0.012)
+        rt.pacer.observe(0.006)
         return [rt.start_delay(5.0) for _ in range(3)]
 
-    assert delays(_webhook_channel())[1] == pytest.approx(0.012 / 16 / PACE_MARGIN)
+    assert delays(_webhook_channel())[1] == pytest.approx(0.006 / 16 / PACE_MARGIN)
     # The worker's cap of 4 runs fewer calls than the channel's 16: its starts are spaced wider.
-    assert delays(_webhook_channel(cap=InFlightCap(4)))[1] == pytest.approx(0.012 / 4 / PACE_MARGIN)
+    assert delays(_webhook_channel(cap=InFlightCap(4)))[1] == pytest.approx(0.006 / 4 / PACE_MARGIN)
     assert delays(_webhook_channel(rate=100.0)) == [0.0] * 3, "the rate limiter spaces them"
     probing = _webhook_channel()
     probing.breaker.state = probing.breaker.HALF_OPEN
