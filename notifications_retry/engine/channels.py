@@ -119,6 +119,12 @@ class ChannelRuntime:
         self._inflight = value
 
     @property
+    def concurrency(self) -> int:
+        """The calls this channel may run at once in this worker: its part of ``max_concurrency``, and
+        no more than the worker's own cap (fit_to_room shares the cap among channels)."""
+        return min(self.max_concurrency, self.cap.limit or self.max_concurrency)
+
+    @property
     def queued(self) -> int:
         """Records claimed and not started yet."""
         return len(self.queue)
@@ -137,9 +143,7 @@ class ChannelRuntime:
         if self.inline:
             wanted = chunk - len(self.queue)
         else:
-            # The worker's own cap bounds one channel's calls too (fit_to_room shares it among channels).
-            concurrency = min(self.max_concurrency, self.cap.limit or self.max_concurrency)
-            wanted = (QUEUE_ROUNDS + 1) * concurrency - self.inflight - len(self.queue)
+            wanted = (QUEUE_ROUNDS + 1) * self.concurrency - self.inflight - len(self.queue)
         wanted = self.breaker.capacity(now_mono, wanted, queued=len(self.queue))
         if self.bypassed(now_mono):
             return self._fallback_capacity(now_mono)
@@ -227,8 +231,7 @@ class ChannelRuntime:
         circuit's probe is never put off."""
         if self.paced or self.breaker.state != self.breaker.CLOSED:
             return 0.0
-        concurrency = min(self.max_concurrency, self.cap.limit or self.max_concurrency)
-        return self.pacer.delay(now, concurrency)
+        return self.pacer.delay(now, self.concurrency)
 
     def set_share(self, share: float) -> None:
         """Use ``share`` (0 to 1) of the lane's limits: the part of the partitions this worker owns.

@@ -130,7 +130,7 @@ class Completer:
             flush
             or len(self._pending) >= self.max_batch
             or self.monotonic() - self._first_at >= self.max_delay
-            or (self.slots is not None and self.slots.waiting_for_commit)
+            or self._send_waits
         )
 
     def wait_hint(self) -> float:
@@ -138,9 +138,14 @@ class Completer:
         if not self._pending:
             return 3600.0
         now = self.monotonic()
-        if self.slots is not None and self.slots.waiting_for_commit:
+        if self._send_waits:
             return max(0.0, self._retry_at - now)
         return max(0.0, max(self._first_at + self.max_delay, self._retry_at) - now)
+
+    @property
+    def _send_waits(self) -> bool:
+        """Whether a send waits for a slot only a commit frees: then the batch delay is not waited out."""
+        return self.slots is not None and self.slots.waiting_for_commit
 
     def commit(self, bound: Any) -> None:
         """Commit up to ``max_batch`` waiting outcomes; keep them when the database is unreachable."""
