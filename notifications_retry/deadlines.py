@@ -10,9 +10,7 @@ so what already came back is read; a call that never answers still ends, that mu
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from types import TracebackType
 
 #: A timer this late means the process (or its loop) did not run around the deadline.
 LATE_SECONDS = 0.5
@@ -20,23 +18,39 @@ LATE_SECONDS = 0.5
 GRACE_SECONDS = 0.25
 
 
-@contextlib.asynccontextmanager
-async def deadline(seconds: float) -> AsyncIterator[asyncio.Timeout]:
-    """Like ``asyncio.timeout(seconds)`` (raises ``TimeoutError``), but late timers give a grace once."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(None) as scope:
-        state: dict[str, Any] = {"due": loop.time() + seconds, "extended": False}
+class Deadline:
+    """``async with``: like ``asyncio.timeout(seconds)`` (raises ``TimeoutError``), but a late timer gives
+    a grace once. A class rather than a generator-based context manager: one is entered per send."""
 
-        def fire() -> None:
-            now = loop.time()
-            if not state["extended"] and now - state["due"] > LATE_SECONDS:
-                state["extended"], state["due"] = True, now + GRACE_SECONDS
-                state["handle"] = loop.call_at(state["due"], fire)
-                return
-            scope.reschedule(now)  # expire: the awaited call is cancelled, TimeoutError on exit
+    __slots__ = ("_due", "_extended", "_handle", "_loop", "_scope", "_seconds")
 
-        state["handle"] = loop.call_at(state["due"], fire)
-        try:
-            yield scope
-        finally:
-            state["handle"].cancel()
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+
+    async def __aenter__(self) -> asyncio.Timeout:
+        loop = self._loop = asyncio.get_running_loop()
+        scope = self._scope = asyncio.timeout(None)
+        await scope.__aenter__()
+        self._due = loop.time() + self._seconds
+        self._extended = False
+        self._handle = loop.call_at(self._due, self._fire)
+        return scope
+
+    def _fire(self) -> None:
+        now = self._loop.time()
+        if not self._extended and now - self._due > LATE_SECONDS:
+            self._extended, self._due = True, now + GRACE_SECONDS
+            self._handle = self._loop.call_at(self._due, self._fire)
+            return
+        self._scope.reschedule(now)  # expire: the awaited call is cancelled, TimeoutError on exit
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._handle.cancel()
+        await self._scope.__aexit__(exc_type, exc, tb)
+
+
+def deadline(seconds: float) -> Deadline:
+    """A deadline of ``seconds`` from when it is entered (see :class:`Deadline`)."""
+    return Deadline(seconds)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +46,9 @@ def parse_retry_after(
 def _retry_after_max() -> float:
     return _policy_settings()[1]
 
+
+#: The body's JSON: keys sorted, no spaces (one encoder, not one built per ``json.dumps`` call).
+_BODY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 #: (the NOTIFICATIONS_RETRY object read, (allowlist, Retry-After maximum)) — see _policy_settings.
 _policy_cache: list[tuple[object, tuple[tuple[str, ...], float]]] = []
@@ -201,7 +203,7 @@ class WebhookProvider(Provider):
             "payload": message.payload,
         }
         try:
-            return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+            return _BODY_ENCODER.encode(document).encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise PermanentProviderError(
                 f"payload cannot be serialized: {exc}", kind="serialization"
@@ -282,7 +284,7 @@ class WebhookProvider(Provider):
                 raise
             # A 2xx answer's body is not kept (its id is the provider message id): the hot path
             # writes a few bytes of evidence and masks nothing.
-            return dataclasses.replace(result, evidence=Evidence(response.status, "", response.remote_addr))
+            return SendResult(result.provider_message_id, Evidence(response.status, "", response.remote_addr))
         except ProviderError:
             raise
         except Exception as exc:
