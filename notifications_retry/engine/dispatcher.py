@@ -29,7 +29,7 @@ from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
-from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible
+from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible, sort_returns
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.give_back import GiveBack
 from notifications_retry.engine.in_flight import InFlightCap, fit_to_room
@@ -394,19 +394,8 @@ class Dispatcher:
         if not self.done:
             return
         finished, self.done = self.done, []
-        outcomes: list[Outcome] = []
-        give_back: list[ClaimedRecord] = []
-        held: list[Returned] = []
-        for item in finished:
-            outcomes.append(item.outcome)
-            for returned in item.returns:
-                if not returned.records:
-                    continue
-                if throttles(returned.cause):
-                    held.append(returned)
-                else:
-                    give_back.extend(returned.records)
-        self.completer.add(outcomes)
+        held, give_back = sort_returns(finished)
+        self.completer.add([item.outcome for item in finished])
         for returned in held:
             self.give_back.hold_back(returned.rt, returned.records, returned.at)
         if give_back:

@@ -29,7 +29,7 @@ from typing import Any
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
-from notifications_retry.engine.feedback import FlowFeedback, take_queue
+from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.observability import metrics
 from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
 
@@ -55,6 +55,22 @@ class Finished:
 
     def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
         self.outcome, self.returns = outcome, returns
+
+
+def sort_returns(finished: list[Finished]) -> tuple[list[Returned], list[ClaimedRecord]]:
+    """The records ``finished`` calls hand back: those a throttle holds back (with their channel and
+    pause), and those simply given back (a circuit opened)."""
+    held: list[Returned] = []
+    given_back: list[ClaimedRecord] = []
+    for item in finished:
+        for returned in item.returns:
+            if not returned.records:
+                continue
+            if throttles(returned.cause):
+                held.append(returned)
+            else:
+                given_back.extend(returned.records)
+    return held, given_back
 
 
 @dataclasses.dataclass(slots=True)
@@ -188,4 +204,13 @@ class Failover:
         )
 
 
-__all__ = ["CIRCUIT_OPEN", "Failover", "Finished", "Rerouted", "Returned", "eligible", "not_called"]
+__all__ = [
+    "CIRCUIT_OPEN",
+    "Failover",
+    "Finished",
+    "Rerouted",
+    "Returned",
+    "eligible",
+    "not_called",
+    "sort_returns",
+]
