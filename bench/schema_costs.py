@@ -15,9 +15,10 @@ migrations are untouched), each on a fresh dataset, interleaved over the rounds:
 * ``outbox trigger off``: the outbox insert without its per-row check against the notification;
 * ``all of the above``.
 
-Then the WAL of three drains split per relation with ``pg_waldump`` (lean, own table as is, the
-worker's ``--once`` tick), which says which table or index each byte went to. Runs on a private
-cluster (WAL positions are cluster-wide; the breakdown reads its WAL files).
+Then the WAL of the drains split per relation with ``pg_waldump`` (lean, own table as is, the
+worker's ``--once`` tick; then the lean leased drain and the worker's on a webhook), which says which
+table or index each byte went to. Runs on a private cluster (WAL positions are cluster-wide; the
+breakdown reads its WAL files).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ from bench import lean, raw_drain
 from bench.cluster import PrivateCluster, pg_bin
 from bench.costs import Cost, ServerCpu, measure
 from bench.db import OUTBOX, TABLE, add_rows, bench_dbname, channel, connect, recreate_database, reset_rows
+from bench.receiver import Sink, webhook_channel
 from bench.report import fmt_list, median_cost, table
 from bench.wal_breakdown import FULL_PAGE_IMAGES, wal_by_relation
 from bench.worker_drain import drain_once
 
 ADMIN_ONLY_INDEXES = ("nr_status_created_idx", "nr_provider_message_idx", "%tenant_id%")
 OUTBOX_CHECK_TRIGGER = "pgtrigger_nr_outbox_matches_outcome_%"
+#: Calls in flight of the leased drains (bench.ceiling's default).
+LEASED_CONCURRENCY = 32
 
 
 @dataclasses.dataclass
@@ -143,8 +147,10 @@ def measure_variant(variant: Variant, rows: int, cid: int) -> Cost:
     return cost
 
 
-def breakdown(cluster: PrivateCluster | None, rows: int, cid: int) -> str:
-    """WAL per notification and relation for the lean drain, the own-table drain and the worker."""
+def breakdown(cluster: PrivateCluster | None, rows: int, cid: int, leased_rows: int = 3_000) -> str:
+    """WAL per notification and relation for the lean drain, the own-table drain and the worker; with
+    ``leased_rows``, also the lean leased drain and the worker's on a webhook (c=32, a receiver answering
+    at once), as ``bench.ceiling`` measures them."""
     if cluster is None:
         return "(WAL per relation: only on the private cluster)"
 
@@ -157,13 +163,35 @@ def breakdown(cluster: PrivateCluster | None, rows: int, cid: int) -> str:
         ("own table, raw SQL", seed, lambda: raw_drain.drain(cid)),
         ("worker (stub)", seed, lambda: drain_once(rows)),
     ]
+    sink = Sink(0.0) if leased_rows else None
     per_drain: dict[str, dict[str, float]] = {}
-    for label, prepare, drain in drains:
-        prepare()
-        cost = measure(label, drain)
-        totals = wal_by_relation(cluster, cost.wal_range)
-        per_drain[label] = {name: b / cost.rows for name, b in totals.items()}
-        per_drain[label]["= measured by LSN"] = cost.wal_per_row
+    try:
+        if sink is not None:
+            hook = webhook_channel(sink, max_concurrency=LEASED_CONCURRENCY)
+            send, close = lean.http_sender(sink.url, LEASED_CONCURRENCY)
+
+            def seed_hook() -> None:
+                reset_rows()
+                add_rows([hook], leased_rows)
+
+            drains += [
+                (
+                    "lean, leased",
+                    lambda: lean.create(leased_rows),
+                    lambda: lean.drain_leased(send, LEASED_CONCURRENCY),
+                ),
+                ("worker (webhook), leased", seed_hook, lambda: drain_once(leased_rows)),
+            ]
+        for label, prepare, drain in drains:
+            prepare()
+            cost = measure(label, drain)
+            totals = wal_by_relation(cluster, cost.wal_range)
+            per_drain[label] = {name: b / cost.rows for name, b in totals.items()}
+            per_drain[label]["= measured by LSN"] = cost.wal_per_row
+    finally:
+        if sink is not None:
+            close()
+            sink.stop()
     special = {"= measured by LSN", FULL_PAGE_IMAGES}
     names = sorted(
         {n for d in per_drain.values() for n in d if n not in special},
@@ -185,7 +213,7 @@ def _measure(args: argparse.Namespace, cluster: PrivateCluster | None) -> int:
     cid = channel("stub", "stub")
     if args.breakdown_only:
         print("\n## Where the bytes go (one drain each)")
-        print(breakdown(cluster, args.rows, cid))
+        print(breakdown(cluster, args.rows, cid, args.leased_rows))
         return 0
     all_variants = variants()
     runs: dict[str, list[Cost]] = {}
@@ -235,7 +263,7 @@ def _measure(args: argparse.Namespace, cluster: PrivateCluster | None) -> int:
     )
     print(table(header, out))
     print("\n## " + "Where the bytes go (one drain each)")
-    print(breakdown(cluster, args.rows, cid))
+    print(breakdown(cluster, args.rows, cid, args.leased_rows))
     return 0
 
 
@@ -244,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.schema_costs", description=description)
     parser.add_argument("--rows", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--leased-rows", type=int, default=3_000, help="Rows of the leased drains in the split (0: none)."
+    )
     parser.add_argument(
         "--breakdown-only", action="store_true", help="Only the WAL split per relation (no variants)."
     )
