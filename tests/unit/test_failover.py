@@ -5,7 +5,15 @@ from __future__ import annotations
 import threading
 
 from notifications_retry.conf import get_settings
-from notifications_retry.engine.failover import CIRCUIT_OPEN, Failover, eligible, not_called
+from notifications_retry.engine.failover import (
+    CIRCUIT_OPEN,
+    Failover,
+    Finished,
+    Returned,
+    eligible,
+    not_called,
+    sort_returns,
+)
 from notifications_retry.engine.feedback import FlowFeedback
 from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
 from notifications_retry.outcomes import RETRY, SENT, THROTTLED, Outcome, failure_of
@@ -98,3 +106,23 @@ def test_the_lease_covers_the_primarys_call_and_the_fallbacks():
     alone = runtime().lease_seconds(get_settings())
     assert primary.lease_seconds(get_settings()) > alone + float(fallback.config.timeout_seconds)
     assert not primary.inline  # sent from the send loop, never inside a claim
+
+
+def test_records_finished_calls_hand_back_are_held_for_a_throttle_or_given_back():
+    primary, fallback = pair()
+    held_records, given_records = [record(), record()], [record()]
+    throttled = Outcome(record(), RETRY, error_kind=THROTTLED, retriable=True)
+    circuit = Outcome(record(), RETRY, error_kind="connection", retriable=True)
+    finished = [
+        Finished(
+            throttled,
+            [Returned(primary, throttled, held_records, 1.0), Returned(fallback, throttled, [], 1.0)],
+        ),
+        Finished(circuit, [Returned(fallback, circuit, given_records, 2.0)]),
+        Finished(Outcome(record(), SENT), []),
+    ]
+    held, given_back = sort_returns(finished)
+    # A throttle's records keep their channel and the moment of the pause; empty returns are dropped.
+    assert [(r.rt, r.records, r.at) for r in held] == [(primary, held_records, 1.0)]
+    assert given_back == given_records
+    assert sort_returns([]) == ([], [])
