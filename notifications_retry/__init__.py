@@ -21,7 +21,8 @@ ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.out
 does not turn into a timeout), :mod:`.exceptions`, :mod:`.exception_chain`,
 :mod:`.signals`, :mod:`.tcp_settings`, :mod:`.version`, :mod:`.addresses` (recipients as the
 suppression list stores them), :mod:`.asyncio_bridge` (the one loop on a thread, and running a
-coroutine from synchronous code). pyproject.toml's import contracts place each of them in a layer.
+coroutine from synchronous code), :mod:`.heap` (the worker process's garbage collector, set for a
+long run). pyproject.toml's import contracts place each of them in a layer.
 """
 
 from __future__ import annotations

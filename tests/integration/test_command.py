@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from django.db import connection
 from django.utils import timezone
 
 import notifications_retry
+from notifications_retry.heap import YOUNG_THRESHOLD
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity, WorkerHeartbeat
 from tests.factories import ChannelFactory, NotificationFactory
@@ -105,6 +107,20 @@ def test_call_command_once_in_process_completes_a_tick_with_nothing_due():
     assert heartbeat.last_tick_stats["skipped"] is False and heartbeat.last_tick_stats["error"] == ""
     later.refresh_from_db()
     assert later.status == NotificationEntity.Status.PENDING and later.attempts == 0
+
+
+@pytest.mark.django_db
+def test_the_command_sets_the_collector_for_a_long_run():
+    thresholds = gc.get_threshold()
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)  # CPython's default
+    try:
+        call_command("retry_worker", "--once", "--batch-size", "10", "--max-duration", "5")
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def test_once_with_the_database_unreachable_exits_3_with_one_line_and_no_traceback():

@@ -8,7 +8,6 @@ Exit statuses are listed in ``EXIT_STATUSES`` (and docs/operations.md).
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import structlog
@@ -20,6 +19,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
 from notifications_retry.engine.worker import Worker
+from notifications_retry.heap import prepare_for_long_run
 from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
@@ -161,11 +161,9 @@ class Command(BaseCommand):
                 heartbeat_file=options["heartbeat_file"],
             )
             worker.install_signal_handlers()
-            # What is loaded by now (Django, the app, its libraries) lives as long as the process: the
-            # collector's full passes need not walk it again, each one stalling the send loop for tens
-            # of milliseconds.
-            gc.collect()
-            gc.freeze()
+            # The collector set for a long run: what is loaded by now frozen, a young generation that
+            # holds the calls in flight (notifications_retry.heap).
+            prepare_for_long_run()
             ticks = worker.run(once=options["once"])
         except LockNotDirect as exc:
             raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
