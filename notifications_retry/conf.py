@@ -40,7 +40,9 @@ class RetrySettings:
     JITTER_RATIO: float = 0.1
     CLOCK: str = "database"
     WORKER_THREADS: int = 32
-    WORKER_MAX_IN_FLIGHT: int = 256
+    # A call holds its place until its outcome is committed (engine.in_flight): about a batch delay and a
+    # commit after it ends. Room for a channel at max_concurrency 128 and its outcomes in that window.
+    WORKER_MAX_IN_FLIGHT: int = 512
     PARTITIONS: int = 1
     COMMIT_THREAD: bool = True
     CLAIM_THREAD: bool = True
