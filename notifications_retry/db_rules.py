@@ -9,8 +9,13 @@ from __future__ import annotations
 import pgtrigger
 
 # Kept in one place: the due-time rule the claim index and the trigger agree on.
+# A leased row has no due time: the lease's row version then enters none of the due indexes (the
+# lease is the one write the leased path adds), and its expiry is found on nr_lease_expiry_idx. A
+# lease that lapsed (its worker died) is given back by the next claim (claim_statements.LAPSED_LEASES),
+# which clears the expiry and keeps the token: due since then, and known to the claim as recovered.
 DUE_AT_RULE = """CASE
-        WHEN NEW.claim_token IS NOT NULL THEN NEW.claim_expires_at
+        WHEN NEW.claim_expires_at IS NOT NULL THEN NULL
+        WHEN NEW.claim_token IS NOT NULL THEN NEW.updated_at
         WHEN NEW.status = 'failed' AND NEW.dead_lettered_at IS NULL
             THEN COALESCE(NEW.next_attempt_at, NEW.created_at)
         WHEN NEW.status = 'pending' THEN NEW.scheduled_at

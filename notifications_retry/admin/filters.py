@@ -95,12 +95,13 @@ class QueueStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value, now = self.value(), timezone.now()
+        # A leased row has no due_at (db_rules.DUE_AT_RULE); a lapsed lease given back is due again.
         if value == "due":
-            return queryset.filter(due_at__lte=now, claim_token__isnull=True)
+            return queryset.filter(due_at__lte=now)
         if value == "in_flight":
-            return queryset.filter(claim_token__isnull=False)
+            return queryset.filter(claim_expires_at__isnull=False)
         if value == "waiting":
-            return queryset.filter(due_at__gt=now, claim_token__isnull=True)
+            return queryset.filter(due_at__gt=now)
         return queryset
 
 

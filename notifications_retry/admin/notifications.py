@@ -171,7 +171,7 @@ class NotificationEntityAdmin(TriageActions):
     @admin.display(description="next", ordering="due_at")
     def due_display(self, obj: NotificationEntity) -> str:
         if obj.due_at is None:
-            return "—"
+            return "in flight" if obj.claim_expires_at is not None else "—"
         delta = (obj.due_at - timezone.now()).total_seconds()
         return f"in {display.format_age(delta)}" if delta > 0 else f"due {display.format_age(-delta)} ago"
 
@@ -190,6 +190,8 @@ class NotificationEntityAdmin(TriageActions):
     def claim_display(self, obj: NotificationEntity) -> str:
         if obj.claim_token is None:
             return "not claimed"
+        if obj.claim_expires_at is None:
+            return f"lease {obj.claim_token} lapsed (its worker stopped): due again"
         return f"claimed by {obj.claim_token}, lease until {obj.claim_expires_at:%Y-%m-%d %H:%M:%S}"
 
     @admin.display(description="last error")

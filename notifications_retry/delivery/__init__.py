@@ -4,7 +4,8 @@
 - :mod:`.claim` leases due rows for sending (and settles those that cannot be sent any more), on
   Django's connection or an asynchronous one (the worker's claims of asynchronous channels), with
   its statements and plan in :mod:`.claim_statements` and the size and shape limits every claimed
-  row is held to in :mod:`.row_limits`;
+  row is held to in :mod:`.row_limits`; first it gives back the leases that lapsed
+  (:mod:`.lapsed_leases`: their worker died);
 - :mod:`.finalize` applies outcomes and their outbox events under the claim token, on Django's
   connection or an asynchronous one (the worker's commits on its send loop), and gives back leases
   that were never used;

@@ -22,10 +22,11 @@ row) are written once, here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,6 +45,7 @@ from notifications_retry.delivery.claim_statements import (
     claim_query,
 )
 from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
+from notifications_retry.delivery.lapsed_leases import lapsed_leases_query
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
 from notifications_retry.delivery.suppression import suppressed_steps
@@ -227,6 +229,7 @@ class _Claim:
         sql, params = self.query(plan, total, only)
         records: list[ClaimedRecord] = []
         settled: list[Outcome] = []
+        yield Statement(*lapsed_leases_query(self.now, self.skip), rows=False)
         fetched = yield Statement(sql, params)
         # Rows past the payload budget stay due, unleased: the next claim takes them.
         within = [row for row in fetched if not row[_OVER_BUDGET]]
@@ -313,27 +316,43 @@ class _Claim:
         )
 
     def isolate(self, plan: Sequence[ChannelClaim], total: int, cause: BaseException, log: Any) -> ClaimBatch:
-        """The batch failed as a whole: claim its rows one by one and set aside those that fail alone."""
+        """The batch failed as a whole: give lapsed leases back one by one, then claim the due rows one
+        by one, and set aside the rows that fail alone (the give-back runs first in every claim, so a
+        lapsed row it cannot write would fail every claim too)."""
+        with connection.cursor() as cursor:
+            cursor.execute(*lapsed_leases_query(self.now, self.skip, ids=True))
+            lapsed = [row[0] for row in cursor.fetchall()]
+        batch = ClaimBatch([], [])
+        for nid in lapsed:
+            with self._alone(nid, batch), transaction.atomic(), connection.cursor() as cursor:
+                bound_transaction(cursor)
+                cursor.execute(*lapsed_leases_query(self.now, self.skip, only=nid))
         with connection.cursor() as cursor:
             sql, params = self.query(plan, total)
             # Ids only: reading the other columns is what may have failed.
             unlocked = sql.replace("FOR UPDATE OF t SKIP LOCKED", "")
             cursor.execute(f"SELECT id FROM ({unlocked}) AS due", params)
             candidates = [row[0] for row in cursor.fetchall()]
-        log.warning("claim-fallback", fallback="row-by-row", rows=len(candidates), error=first_line(cause))
-        batch = ClaimBatch([], [])
+        rows = len(lapsed) + len(candidates)
+        log.warning("claim-fallback", fallback="row-by-row", rows=rows, error=first_line(cause))
         for nid in candidates:
-            try:
+            with self._alone(nid, batch):
                 one = self.run(plan, 1, None, only=nid)
-            except DatabaseError as exc:
-                if connection_lost(exc) and not reachable():
-                    raise
-                batch.poisoned[nid] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-                self.skip.add(nid)
-                continue
-            batch.records += one.records
-            batch.settled += one.settled
+                batch.records += one.records
+                batch.settled += one.settled
         return batch
+
+    @contextlib.contextmanager
+    def _alone(self, nid: uuid.UUID, batch: ClaimBatch) -> Iterator[None]:
+        """A statement on one row: if the database refuses it, the row is set aside (skipped from then
+        on); an outage is raised."""
+        try:
+            yield
+        except DatabaseError as exc:
+            if connection_lost(exc) and not reachable():
+                raise
+            batch.poisoned[nid] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+            self.skip.add(nid)
 
 
 #: Recovered rows whose worker died once with them come back in groups of at most this many.

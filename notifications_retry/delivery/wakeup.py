@@ -3,7 +3,8 @@
 Both run on one direct psycopg connection (the advisory lock's, see :mod:`notifications_retry.locks`):
 a pooled session cannot LISTEN, and writers notify from their own transactions through any pooler
 (``db_rules.wakeup_triggers``). The due time is read with one index probe per channel (the partial
-index on ``(channel, due_at, priority)``), however large the backlog of rows scheduled later.
+index on ``(channel, due_at, priority)``), however large the backlog of rows scheduled later, and one
+probe of the leases' expiries.
 """
 
 from __future__ import annotations
@@ -17,16 +18,24 @@ import psycopg
 from notifications_retry.db_rules import WAKEUP_CHANNEL
 from notifications_retry.models import ChannelConfig, NotificationEntity
 
+# A leased row has no due_at (db_rules.DUE_AT_RULE): the earliest lease expiry counts too, whatever
+# its channel (one probe of nr_lease_expiry_idx), so that a worker wakes when a dead worker's lease
+# lapses and its claim gives the row back (claim_statements.LAPSED_LEASES).
 _EARLIEST_DUE = f"""
-SELECT min(d.due_at)
-FROM {ChannelConfig._meta.db_table} c
-CROSS JOIN LATERAL (
-    SELECT t.due_at FROM {NotificationEntity._meta.db_table} t
-    WHERE t.channel_id = c.id AND t.due_at IS NOT NULL {{rows}}
-    ORDER BY t.due_at
-    LIMIT 1
-) d
-WHERE c.is_enabled {{channels}}
+SELECT LEAST((
+    SELECT min(d.due_at)
+    FROM {ChannelConfig._meta.db_table} c
+    CROSS JOIN LATERAL (
+        SELECT t.due_at FROM {NotificationEntity._meta.db_table} t
+        WHERE t.channel_id = c.id AND t.due_at IS NOT NULL {{rows}}
+        ORDER BY t.due_at
+        LIMIT 1
+    ) d
+    WHERE c.is_enabled {{channels}}
+), (
+    SELECT min(l.claim_expires_at) FROM {NotificationEntity._meta.db_table} l
+    WHERE l.claim_expires_at IS NOT NULL {{leases}}
+))
 """
 
 
@@ -43,13 +52,16 @@ def earliest_due(
     priorities: Sequence[int] | None,
 ) -> datetime | None:
     """The earliest ``due_at`` (later than ``after``, if given) of an enabled channel among ``channels``
-    (None: all), at one of ``priorities`` (None: any); None when no such row is due at all."""
+    (None: all), at one of ``priorities`` (None: any), or the earliest lease expiry if sooner; None
+    when no such row is due at all."""
     # Conditions only when given: each variant keeps its own plan, an index range where it can.
     rows = ("AND t.due_at > %(after)s " if after is not None else "") + (
         "AND t.priority = ANY(%(priorities)s)" if priorities else ""
     )
     sql = _EARLIEST_DUE.format(
-        rows=rows, channels="AND c.key = ANY(%(keys)s)" if channels is not None else ""
+        rows=rows,
+        channels="AND c.key = ANY(%(keys)s)" if channels is not None else "",
+        leases="AND l.claim_expires_at > %(after)s" if after is not None else "",
     )
     params = {"after": after, "priorities": list(priorities or []), "keys": sorted(channels or [])}
     row = conn.execute(sql, params).fetchone()

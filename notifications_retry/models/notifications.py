@@ -24,7 +24,8 @@ CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (out
 
 class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
     def due(self, now: Any) -> NotificationQuerySet:
-        """Rows the worker may claim at ``now`` (the trigger-maintained ``due_at`` says when)."""
+        """Rows the worker may claim at ``now`` (the trigger-maintained ``due_at`` says when). A lease
+        that lapsed counts once the next claim gave it back (``claim_expires_at`` cleared)."""
         return self.filter(due_at__lte=now)
 
     def dead_letters(self) -> NotificationQuerySet:
@@ -147,6 +148,13 @@ class NotificationEntity(models.Model):
                 fields=["channel", "tenant_id", "due_at", "priority", "id"],
                 name="nr_channel_tenant_due_idx",
                 condition=Q(due_at__isnull=False),
+            ),
+            # Leases, by expiry: the wake-up's and the claim's way to a lease whose worker died (a
+            # leased row has no due_at, db_rules.DUE_AT_RULE).
+            models.Index(
+                fields=["claim_expires_at"],
+                name="nr_lease_expiry_idx",
+                condition=Q(claim_expires_at__isnull=False),
             ),
             models.Index(
                 fields=["dead_lettered_at"],

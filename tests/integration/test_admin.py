@@ -221,6 +221,32 @@ def test_filters(admin_client: Client, query: str, expected: set[str]) -> None:
     assert ids_in(response) == {str(rows[name].pk) for name in expected}
 
 
+def test_queue_state_filter_knows_leased_lapsed_due_and_waiting_rows(admin_client: Client) -> None:
+    now = timezone.now()
+    failed = {"status": "failed", "attempts": 1}
+    rows = {
+        "due": NotificationFactory(**failed, next_attempt_at=now - timedelta(minutes=1)),
+        "waiting": NotificationFactory(**failed, next_attempt_at=now + timedelta(minutes=5)),
+        "leased": NotificationFactory(**failed, next_attempt_at=now - timedelta(minutes=1)),
+        "lapsed": NotificationFactory(**failed, next_attempt_at=now - timedelta(minutes=1)),
+    }
+    lease = {"claim_token": uuid.uuid4(), "updated_at": now - timedelta(seconds=5)}
+    NotificationEntity.objects.filter(pk=rows["leased"].pk).update(
+        **lease, claim_expires_at=now + timedelta(minutes=1)
+    )
+    # A lease given back after its worker died: the token kept, the expiry cleared, due again.
+    NotificationEntity.objects.filter(pk=rows["lapsed"].pk).update(**lease, claim_expires_at=None)
+    expected = {"due": {"due", "lapsed"}, "in_flight": {"leased"}, "waiting": {"waiting"}}
+    for state, names in expected.items():
+        response = admin_client.get(reverse(CHANGELIST) + f"?queue={state}")
+        assert ids_in(response) == {str(rows[name].pk) for name in names}, state
+    change = "admin:notifications_retry_notificationentity_change"
+    detail = admin_client.get(reverse(change, args=[rows["lapsed"].pk])).content.decode()
+    assert "lapsed (its worker stopped): due again" in detail
+    listed = admin_client.get(reverse(CHANGELIST) + "?queue=in_flight").content.decode()
+    assert "in flight" in listed
+
+
 def test_tenant_channel_and_date_range_filters(admin_client: Client) -> None:
     tenant = uuid.uuid4()
     email = ChannelFactory(key="email")

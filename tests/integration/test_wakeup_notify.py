@@ -71,7 +71,9 @@ def test_a_claim_wakes_no_one_and_a_sooner_retry_or_a_release_does(lock: Advisor
     port = listening(lock)
     batch = claim_due(now, [ChannelClaim(channel.pk, 2, 60.0)], total=2, budgets={channel.pk: (5, "app")})
     assert len(batch.records) == 2
-    assert not port.notified(SILENCE_SECONDS)  # due_at moved to the lease's end: later
+    assert not port.notified(SILENCE_SECONDS)  # due_at cleared: leased
+    # A leased row has no due time; its lease's expiry is when the worker looks again.
+    assert port.earliest_due(None) == now + timedelta(seconds=60)
     first, second = batch.records
     retry_at = now + timedelta(seconds=5)  # sooner than the lease's end
     assert finalize([Outcome(first, RETRY, error_kind="http_5xx", next_attempt_at=retry_at)], now).applied
@@ -80,6 +82,30 @@ def test_a_claim_wakes_no_one_and_a_sooner_retry_or_a_release_does(lock: Advisor
     assert release([second]) == 1
     assert port.notified(ARRIVAL_SECONDS)
     assert port.earliest_due(None) == now
+
+
+def test_a_lapsed_lease_sets_the_next_due_time_and_its_give_back_wakes_the_worker(lock: AdvisoryLock) -> None:
+    mine, other = ChannelFactory(key="app", timeout_seconds=30), ChannelFactory(key="other")
+    now = timezone.now()
+    row = NotificationFactory(
+        channel=other, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
+    )
+    claim_due(now, [ChannelClaim(other.pk, 1, 5.0)], total=1, budgets={other.pk: (5, "other")})
+    port = listening(lock, channels={"app"})
+    # Any channel's lease: whichever worker wakes gives it back.
+    assert port.earliest_due(None) == now + timedelta(seconds=5)
+    assert port.earliest_due(now + timedelta(seconds=5)) is None, "a tick after it took nothing: not again"
+    later = now + timedelta(seconds=6)  # the worker died: its lease lapsed
+    batch = claim_due(later, [ChannelClaim(mine.pk, 1, 60.0)], total=1, budgets={mine.pk: (5, "app")})
+    assert batch.records == []  # given back, for its own channel's claim to take
+    assert port.notified(ARRIVAL_SECONDS)
+    row.refresh_from_db()
+    assert row.claim_expires_at is None and row.claim_token is not None and row.due_at == later
+    assert listening(lock).earliest_due(None) == later
+    (again,) = claim_due(
+        later, [ChannelClaim(other.pk, 1, 5.0)], total=1, budgets={other.pk: (5, "other")}
+    ).records
+    assert again.id == row.pk
 
 
 def test_a_re_enabled_channel_wakes_the_worker(lock: AdvisoryLock) -> None:
