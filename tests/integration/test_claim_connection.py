@@ -168,3 +168,42 @@ def test_a_kept_connection_the_server_closed_is_replaced_within_the_same_claim(c
     finally:
         claims.close()
         loop.close()
+
+
+def test_lapsed_leases_come_back_on_the_claim_connection_and_one_it_cannot_write_is_set_aside(
+    webhook_server, clock
+):
+    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
+    created = webhook_rows(clock, webhook_server.url, 4)
+    lapsed, poison = created[0], created[1]
+    # A worker died holding the first row: its lease ran out. The second is Sent with a lease that ran
+    # out (what an INSERT by other code can leave): the give-back cannot write it.
+    expired = clock.now() - timedelta(seconds=30)
+    NotificationEntity.objects.filter(pk=lapsed.pk).update(
+        claim_token="00000000-0000-4000-8000-000000000001", claim_expires_at=expired, attempts=2
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE notifications_retry_notificationentity DISABLE TRIGGER USER")
+        try:
+            cursor.execute(
+                "UPDATE notifications_retry_notificationentity SET status = 'sent', "
+                "provider_message_id = 'x', claim_token = gen_random_uuid(), claim_expires_at = %s, "
+                "due_at = NULL WHERE id = %s",
+                [expired, poison.pk],
+            )
+        finally:
+            cursor.execute("ALTER TABLE notifications_retry_notificationentity ENABLE TRIGGER USER")
+    worker = Worker(batch_size=50, max_duration=30, clock=clock)
+    with capture_logs() as logs:
+        stats = worker.run(once=True)[0]
+    assert stats.poisoned == 1 and not stats.error
+    assert [e["fallback"] for e in logs if e["event"] == "claim-fallback"][:2] == [
+        "django-connection",
+        "row-by-row",
+    ]
+    healthy = [r.pk for r in created if r.pk != poison.pk]
+    assert set(NotificationEntity.objects.filter(pk__in=healthy).values_list("status", flat=True)) == {
+        Status.SENT
+    }
+    lapsed.refresh_from_db()
+    assert lapsed.attempts == 3, "the lapsed attempt stays counted, and the new one"
