@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.db.models import CharField, Count, Field, Model, QuerySet
+from django.db.models import CharField, Count, Field, Model, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.http import HttpRequest
 from django.utils import timezone
@@ -95,11 +95,12 @@ class QueueStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value, now = self.value(), timezone.now()
-        # A leased row has no due_at (db_rules.DUE_AT_RULE); a lapsed lease given back is due again.
+        # A leased row has no due_at (db_rules.DUE_AT_RULE). A lease past its expiry (its worker died)
+        # is due, given back by a claim yet or not, as the backlog counts it (observability.health).
         if value == "due":
-            return queryset.filter(due_at__lte=now)
+            return queryset.filter(Q(due_at__lte=now) | Q(claim_expires_at__lte=now))
         if value == "in_flight":
-            return queryset.filter(claim_expires_at__isnull=False)
+            return queryset.filter(claim_expires_at__gt=now)
         if value == "waiting":
             return queryset.filter(due_at__gt=now)
         return queryset

@@ -28,6 +28,11 @@ class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
         that lapsed counts once the next claim gave it back (``claim_expires_at`` cleared)."""
         return self.filter(due_at__lte=now)
 
+    def lapsed(self, now: Any) -> NotificationQuerySet:
+        """Leased rows past their lease's expiry (their worker died) that no claim gave back yet: due
+        too, from their expiry (``nr_lease_expiry_idx``)."""
+        return self.filter(claim_expires_at__lte=now)
+
     def dead_letters(self) -> NotificationQuerySet:
         """Terminal failures, resolved or not."""
         return self.filter(dead_lettered_at__isnull=False)

@@ -49,11 +49,15 @@ def status_breakdown(now: datetime) -> list[StatusRow]:
 
 
 def backlog(now: datetime) -> Backlog:
-    """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row."""
-    due_qs = NotificationEntity.objects.due(now)
-    oldest = due_qs.aggregate(oldest=Min("due_at"))["oldest"]
+    """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row. A lapsed
+    lease no claim gave back yet (its worker died) counts as due since its expiry."""
+    due = NotificationEntity.objects.due(now).aggregate(count=Count("pk"), oldest=Min("due_at"))
+    lapsed = NotificationEntity.objects.lapsed(now).aggregate(
+        count=Count("pk"), oldest=Min("claim_expires_at")
+    )
+    oldest = min((t for t in (due["oldest"], lapsed["oldest"]) if t is not None), default=None)
     return Backlog(
-        due=due_qs.count(),
+        due=due["count"] + lapsed["count"],
         failed_backlog=NotificationEntity.objects.failed_backlog().count(),
         dead_letters_unresolved=NotificationEntity.objects.unresolved_dead_letters().count(),
         oldest_due_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,

@@ -229,6 +229,7 @@ def test_queue_state_filter_knows_leased_lapsed_due_and_waiting_rows(admin_clien
         "waiting": NotificationFactory(**failed, next_attempt_at=now + timedelta(minutes=5)),
         "leased": NotificationFactory(**failed, next_attempt_at=now - timedelta(minutes=1)),
         "lapsed": NotificationFactory(**failed, next_attempt_at=now - timedelta(minutes=1)),
+        "dead worker's": NotificationFactory(**failed, next_attempt_at=now - timedelta(minutes=1)),
     }
     lease = {"claim_token": uuid.uuid4(), "updated_at": now - timedelta(seconds=5)}
     NotificationEntity.objects.filter(pk=rows["leased"].pk).update(
@@ -236,7 +237,11 @@ def test_queue_state_filter_knows_leased_lapsed_due_and_waiting_rows(admin_clien
     )
     # A lease given back after its worker died: the token kept, the expiry cleared, due again.
     NotificationEntity.objects.filter(pk=rows["lapsed"].pk).update(**lease, claim_expires_at=None)
-    expected = {"due": {"due", "lapsed"}, "in_flight": {"leased"}, "waiting": {"waiting"}}
+    # Past its expiry, not given back yet (no claim ran since its worker died): due as well.
+    NotificationEntity.objects.filter(pk=rows["dead worker's"].pk).update(
+        claim_token=uuid.uuid4(), claim_expires_at=now - timedelta(seconds=1)
+    )
+    expected = {"due": {"due", "lapsed", "dead worker's"}, "in_flight": {"leased"}, "waiting": {"waiting"}}
     for state, names in expected.items():
         response = admin_client.get(reverse(CHANGELIST) + f"?queue={state}")
         assert ids_in(response) == {str(rows[name].pk) for name in names}, state
@@ -245,6 +250,8 @@ def test_queue_state_filter_knows_leased_lapsed_due_and_waiting_rows(admin_clien
     assert "lapsed (its worker stopped): due again" in detail
     listed = admin_client.get(reverse(CHANGELIST) + "?queue=in_flight").content.decode()
     assert "in flight" in listed
+    listed = admin_client.get(reverse(CHANGELIST) + "?queue=due").content.decode()
+    assert "in flight" not in listed and listed.count("ago</td>") == 3
 
 
 def test_tenant_channel_and_date_range_filters(admin_client: Client) -> None:

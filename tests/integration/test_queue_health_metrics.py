@@ -7,6 +7,7 @@ live in this process's default one); the example project's test scrapes it throu
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -15,7 +16,7 @@ from django.db import connection
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from notifications_retry.models import NotificationEntity
+from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.observability.queue_health import GAUGES, UP, QueueHealthCollector
 from tests.factories import ChannelFactory, NotificationFactory
 
@@ -83,6 +84,22 @@ def test_the_gauges_are_the_database_s_figures_at_the_scrape() -> None:
         "notifications_retry_dead_letters_unresolved": 1.0,
     }
     assert {name for name, _, _ in GAUGES} | {UP} == set(figures)
+
+
+@pytest.mark.django_db
+def test_a_lapsed_lease_counts_as_due_since_its_expiry_and_a_running_one_does_not() -> None:
+    seed()
+    channel = ChannelConfig.objects.get(key="email")
+    for expiry in (NOW - timedelta(hours=1), NOW + timedelta(minutes=1)):  # its worker died; in flight
+        row = NotificationFactory(
+            channel=channel, status=NotificationEntity.Status.FAILED, attempts=2, next_attempt_at=NOW
+        )
+        NotificationEntity.objects.filter(pk=row.pk).update(claim_token=uuid.uuid4(), claim_expires_at=expiry)
+    registry = CollectorRegistry()
+    registry.register(collector(Clock()))
+    figures = scrape(registry)
+    assert figures["notifications_retry_due_backlog"] == 3.0
+    assert figures["notifications_retry_oldest_due_age_seconds"] == 3600.0
 
 
 @pytest.mark.django_db
