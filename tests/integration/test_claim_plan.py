@@ -113,3 +113,23 @@ def test_a_claim_of_one_row_reads_it_by_primary_key(clock, filled):
     nodes = explain(sql, params)
     assert {n.get("Index Name") for n in nodes if n.get("Index Name")} == {PRIMARY_KEY}
     assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == TABLE for n in nodes)
+
+
+@pytest.mark.parametrize("leased", [0, 300], ids=["no-lease", "leases-running"])
+def test_the_give_back_of_lapsed_leases_probes_the_lease_index_and_never_scans_the_table(
+    clock, filled, leased
+):
+    from notifications_retry.delivery.lapsed_leases import lapsed_leases_query
+
+    with connection.cursor() as cursor:  # leases running (not lapsed) among the 30,000 rows
+        cursor.execute(
+            f"UPDATE {TABLE} SET claim_token = gen_random_uuid(), claim_expires_at = %s "
+            f"WHERE id IN (SELECT id FROM {TABLE} WHERE status = 'failed' LIMIT %s)",
+            [clock.now() + timedelta(minutes=5), leased],
+        )
+    sql, params = lapsed_leases_query(clock.now(), skip=[])
+    nodes = explain(sql, params)
+    on_table = [n for n in nodes if n.get("Relation Name") == TABLE]
+    assert not any(n["Node Type"] == "Seq Scan" for n in on_table), [n["Node Type"] for n in on_table]
+    used = {n.get("Index Name") for n in nodes if n.get("Index Name")}
+    assert "nr_lease_expiry_idx" in used and used <= {"nr_lease_expiry_idx", PRIMARY_KEY}, used
