@@ -45,7 +45,7 @@ from notifications_retry.delivery.claim_statements import (
     claim_query,
 )
 from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
-from notifications_retry.delivery.lapsed_leases import lapsed_leases_query
+from notifications_retry.delivery.lapsed_leases import lapsed_leases_query, recovery_group
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
 from notifications_retry.delivery.suppression import suppressed_steps
@@ -214,6 +214,15 @@ class _Claim:
             server_version=self.server_version,
         )
 
+    def lapsed(
+        self, plan: Sequence[ChannelClaim], only: uuid.UUID | None = None, *, ids: bool = False
+    ) -> tuple[str, dict[str, Any]]:
+        """The give-back of the plan's lapsed leases (:mod:`.lapsed_leases`)."""
+        channels = [p.channel_id for p in plan]
+        return lapsed_leases_query(
+            self.now, channels, skip=self.skip, partitions=self.partitions, only=only, ids=ids
+        )
+
     def run(
         self, plan: Sequence[ChannelClaim], total: int, settle: Settle | None, only: uuid.UUID | None = None
     ) -> ClaimBatch:
@@ -229,11 +238,11 @@ class _Claim:
         sql, params = self.query(plan, total, only)
         records: list[ClaimedRecord] = []
         settled: list[Outcome] = []
-        yield Statement(*lapsed_leases_query(self.now, self.skip), rows=False)
+        yield Statement(*self.lapsed(plan), rows=False)
         fetched = yield Statement(sql, params)
         # Rows past the payload budget stay due, unleased: the next claim takes them.
         within = [row for row in fetched if not row[_OVER_BUDGET]]
-        rows, more = _recovery_group(within)
+        rows, more = recovery_group(within, _RECOVERED, _CRASHES)
         more = more or len(within) < len(fetched)
         self.suppressed = yield from suppressed_steps(
             [(row[0], self.budgets[row[2]][1], row[3]) for row in rows], self.now
@@ -320,13 +329,13 @@ class _Claim:
         by one, and set aside the rows that fail alone (the give-back runs first in every claim, so a
         lapsed row it cannot write would fail every claim too)."""
         with connection.cursor() as cursor:
-            cursor.execute(*lapsed_leases_query(self.now, self.skip, ids=True))
+            cursor.execute(*self.lapsed(plan, ids=True))
             lapsed = [row[0] for row in cursor.fetchall()]
         batch = ClaimBatch([], [])
         for nid in lapsed:
             with self._alone(nid, batch), transaction.atomic(), connection.cursor() as cursor:
                 bound_transaction(cursor)
-                cursor.execute(*lapsed_leases_query(self.now, self.skip, only=nid))
+                cursor.execute(*self.lapsed(plan, only=nid))
         with connection.cursor() as cursor:
             sql, params = self.query(plan, total)
             # Ids only: reading the other columns is what may have failed.
@@ -353,28 +362,6 @@ class _Claim:
                 raise
             batch.poisoned[nid] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
             self.skip.add(nid)
-
-
-#: Recovered rows whose worker died once with them come back in groups of at most this many.
-RECOVERY_GROUP = 16
-
-
-def _recovery_group(rows: list[Any]) -> tuple[list[Any], bool]:
-    """The rows to lease now, and whether due rows were left out on purpose.
-
-    A row whose lease expired was in flight when its worker died: maybe it killed the worker. Such
-    rows come back in groups that halve with each death they were in flight at (16, 8, 4, 2, then
-    alone), the rows of fewest deaths first: a recovery drains at the pace of a group's sends, and a
-    payload that kills the process is cornered in a few rounds, each costing fewer batch-mates an
-    attempt.
-    """
-    recovered = [row for row in rows if row[_RECOVERED]]
-    if not recovered:
-        return rows, False
-    least = min(max(1, row[_CRASHES] or 1) for row in recovered)
-    size = max(1, RECOVERY_GROUP >> (least - 1))
-    chosen = [row for row in recovered if max(1, row[_CRASHES] or 1) == least][:size]
-    return chosen, len(chosen) < len(rows)
 
 
 _RECOVERED, _CRASHES, _OVER_BUDGET, _MEASURES = 13, 14, 15, 16

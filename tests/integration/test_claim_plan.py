@@ -127,7 +127,7 @@ def test_the_give_back_of_lapsed_leases_probes_the_lease_index_and_never_scans_t
             f"WHERE id IN (SELECT id FROM {TABLE} WHERE status = 'failed' LIMIT %s)",
             [clock.now() + timedelta(minutes=5), leased],
         )
-    sql, params = lapsed_leases_query(clock.now(), skip=[])
+    sql, params = lapsed_leases_query(clock.now(), [c.pk for c in filled])
     nodes = explain(sql, params)
     on_table = [n for n in nodes if n.get("Relation Name") == TABLE]
     assert not any(n["Node Type"] == "Seq Scan" for n in on_table), [n["Node Type"] for n in on_table]

@@ -279,7 +279,7 @@ def test_worker_recovers_every_expired_lease_in_one_tick(clock):
 
 @pytest.mark.django_db
 def test_recovered_leases_come_back_in_groups_that_halve_with_each_death(clock):
-    from notifications_retry.delivery.claim import RECOVERY_GROUP
+    from notifications_retry.delivery.lapsed_leases import RECOVERY_GROUP
 
     channel = ChannelFactory(key="hook-recovery", provider_key="in_app")
     expired = clock.now() - timedelta(seconds=5)

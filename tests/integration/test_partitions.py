@@ -119,6 +119,30 @@ def test_each_row_is_claimed_only_by_its_partitions_owner(clock):
     assert min(Counter(where.values()).values()) >= 25
 
 
+def test_a_lapsed_lease_is_given_back_and_taken_only_by_its_partitions_owner(clock):
+    channel = ChannelFactory(key="email", provider_key="stub", timeout_seconds=5)
+    due_notifications(clock, channel, 40)
+    where = partition_of(4)
+    plan, budgets = [ChannelClaim(channel.pk, 500, 60.0)], {channel.pk: (5, channel.key)}
+    assert len(claim_due(clock.now(), plan, total=500, budgets=budgets).records) == 40
+    clock.advance(61)  # the worker that held them all died: every lease lapsed
+    taken: Counter = Counter()
+
+    def running() -> set:
+        return set(
+            NotificationEntity.objects.filter(claim_expires_at__isnull=False).values_list("pk", flat=True)
+        )
+
+    for owned in [(0,), (1, 2), (3,)]:
+        before = running()
+        batch = claim_due(clock.now(), plan, total=500, budgets=budgets, partitions=Partitions(4, owned))
+        assert batch.records and all(where[r.id] in owned for r in batch.records)
+        # Only its own partitions' lapsed leases were given back (and some taken again: a new lease).
+        assert all(where[pk] in owned for pk in before - running())
+        taken.update(r.id for r in batch.records)
+    assert set(taken.values()) == {1}, "each row taken once"
+
+
 def test_the_partitioned_claim_still_walks_the_due_index(clock, filled):  # noqa: F811
     plan = [ChannelClaim(c.pk, 100, 60.0) for c in filled]
     sql, params = claim_query(

@@ -84,7 +84,9 @@ def test_a_claim_wakes_no_one_and_a_sooner_retry_or_a_release_does(lock: Advisor
     assert port.earliest_due(None) == now
 
 
-def test_a_lapsed_lease_sets_the_next_due_time_and_its_give_back_wakes_the_worker(lock: AdvisoryLock) -> None:
+def test_a_lapsed_lease_wakes_every_worker_and_its_own_channels_claim_takes_it_back(
+    lock: AdvisoryLock,
+) -> None:
     mine, other = ChannelFactory(key="app", timeout_seconds=30), ChannelFactory(key="other")
     now = timezone.now()
     row = NotificationFactory(
@@ -92,20 +94,23 @@ def test_a_lapsed_lease_sets_the_next_due_time_and_its_give_back_wakes_the_worke
     )
     claim_due(now, [ChannelClaim(other.pk, 1, 5.0)], total=1, budgets={other.pk: (5, "other")})
     port = listening(lock, channels={"app"})
-    # Any channel's lease: whichever worker wakes gives it back.
+    # Any channel's lease: every worker wakes at its expiry (one probe of the expiry index).
     assert port.earliest_due(None) == now + timedelta(seconds=5)
     assert port.earliest_due(now + timedelta(seconds=5)) is None, "a tick after it took nothing: not again"
     later = now + timedelta(seconds=6)  # the worker died: its lease lapsed
-    batch = claim_due(later, [ChannelClaim(mine.pk, 1, 60.0)], total=1, budgets={mine.pk: (5, "app")})
-    assert batch.records == []  # given back, for its own channel's claim to take
-    assert port.notified(ARRIVAL_SECONDS)
+    # Another channel's claim leaves it to a claim of its own channel.
+    assert (
+        claim_due(later, [ChannelClaim(mine.pk, 1, 60.0)], total=1, budgets={mine.pk: (5, "app")}).records
+        == []
+    )
     row.refresh_from_db()
-    assert row.claim_expires_at is None and row.claim_token is not None and row.due_at == later
-    assert listening(lock).earliest_due(None) == later
-    (again,) = claim_due(
-        later, [ChannelClaim(other.pk, 1, 5.0)], total=1, budgets={other.pk: (5, "other")}
-    ).records
-    assert again.id == row.pk
+    assert row.claim_expires_at is not None and row.due_at is None
+    # Its channel's claim gives it back and takes it in the same transaction, as recovered.
+    plan = [ChannelClaim(other.pk, 1, 5.0)]
+    (again,) = claim_due(later, plan, total=1, budgets={other.pk: (5, "other")}).records
+    assert again.id == row.pk and again.attempts == 3
+    row.refresh_from_db()
+    assert row.claim_expires_at == later + timedelta(seconds=5) and row.due_at is None
 
 
 def test_a_re_enabled_channel_wakes_the_worker(lock: AdvisoryLock) -> None:
