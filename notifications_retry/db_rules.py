@@ -164,8 +164,8 @@ def wakeup_triggers() -> list[pgtrigger.Trigger]:
     row, a retry, a requeue, "retry now", a given-back lease).
 
     In the writer's own transaction, so it works through any pooler (PgBouncer in transaction mode
-    too): only the worker LISTENs, on its direct connection. A write that moves ``due_at`` later (a
-    claim) or clears it (an outcome) wakes no one, and the condition is checked before any call.
+    too): only the worker LISTENs, on its direct connection. A write that clears ``due_at`` (a claim,
+    an outcome) or sets it later than before wakes no one, and the condition is checked before any call.
     """
     return [
         # Once per statement, over the statement's new rows: with a row-level trigger a bulk INSERT's
@@ -186,8 +186,12 @@ def wakeup_triggers() -> list[pgtrigger.Trigger]:
             name="nr_wakeup_on_update",
             when=pgtrigger.After,
             operation=pgtrigger.Update,
+            # "Before" is the row's due time, or its lease's expiry when it was leased (a leased row
+            # has no due_at, and the worker wakes at the expiry anyway): an outcome that retries
+            # later than the lease's end, or a lapsed lease given back, notifies no one.
             condition=pgtrigger.Condition(
-                "NEW.due_at IS NOT NULL AND (OLD.due_at IS NULL OR NEW.due_at < OLD.due_at)"
+                "NEW.due_at IS NOT NULL AND (COALESCE(OLD.due_at, OLD.claim_expires_at) IS NULL "
+                "OR NEW.due_at < COALESCE(OLD.due_at, OLD.claim_expires_at))"
             ),
             func=NOTIFY_WAKEUP_SQL,
         ),

@@ -62,19 +62,21 @@ def test_a_fresh_row_for_the_monolith_wakes_no_one(lock: AdvisoryLock) -> None:
 def test_a_claim_wakes_no_one_and_a_sooner_retry_or_a_release_does(lock: AdvisoryLock) -> None:
     channel = ChannelFactory(key="app", timeout_seconds=30)
     now = timezone.now()
-    NotificationFactory(
-        channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
-    )
-    NotificationFactory(
-        channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
-    )
+    for _ in range(3):
+        NotificationFactory(
+            channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
+        )
     port = listening(lock)
-    batch = claim_due(now, [ChannelClaim(channel.pk, 2, 60.0)], total=2, budgets={channel.pk: (5, "app")})
-    assert len(batch.records) == 2
+    batch = claim_due(now, [ChannelClaim(channel.pk, 3, 60.0)], total=3, budgets={channel.pk: (5, "app")})
+    assert len(batch.records) == 3
     assert not port.notified(SILENCE_SECONDS)  # due_at cleared: leased
     # A leased row has no due time; its lease's expiry is when the worker looks again.
     assert port.earliest_due(None) == now + timedelta(seconds=60)
-    first, second = batch.records
+    first, second, third = batch.records
+    # A retry later than its lease's end wakes no one: the worker wakes at the lease's end anyway.
+    later = now + timedelta(minutes=5)
+    assert finalize([Outcome(third, RETRY, error_kind="http_5xx", next_attempt_at=later)], now).applied
+    assert not port.notified(SILENCE_SECONDS)
     retry_at = now + timedelta(seconds=5)  # sooner than the lease's end
     assert finalize([Outcome(first, RETRY, error_kind="http_5xx", next_attempt_at=retry_at)], now).applied
     assert port.notified(ARRIVAL_SECONDS)
