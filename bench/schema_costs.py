@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable
 
 from bench import lean, raw_drain
+from bench.ceiling import CeilingOptions
 from bench.cluster import PrivateCluster, pg_bin
 from bench.costs import Cost, ServerCpu, measure
 from bench.db import OUTBOX, TABLE, add_rows, bench_dbname, channel, connect, recreate_database, reset_rows
@@ -41,8 +42,8 @@ from bench.worker_drain import drain_once
 
 ADMIN_ONLY_INDEXES = ("nr_status_created_idx", "nr_provider_message_idx", "%tenant_id%")
 OUTBOX_CHECK_TRIGGER = "pgtrigger_nr_outbox_matches_outcome_%"
-#: Calls in flight of the leased drains (bench.ceiling's default).
-LEASED_CONCURRENCY = 32
+#: Calls in flight of the leased drains: bench.ceiling's.
+LEASED_CONCURRENCY = CeilingOptions().leased_concurrency
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.db.models import CharField, Count, Field, Model, Q, QuerySet
+from django.db.models import CharField, Count, Field, Model, QuerySet
 from django.db.models.expressions import RawSQL
 from django.http import HttpRequest
 from django.utils import timezone
@@ -98,7 +98,8 @@ class QueueStateFilter(admin.SimpleListFilter):
         # A leased row has no due_at (db_rules.DUE_AT_RULE). A lease past its expiry (its worker died)
         # is due, given back by a claim yet or not, as the backlog counts it (observability.health).
         if value == "due":
-            return queryset.filter(Q(due_at__lte=now) | Q(claim_expires_at__lte=now))
+            rows = _notifications(queryset)
+            return rows.due(now) | rows.lapsed(now)
         if value == "in_flight":
             return queryset.filter(claim_expires_at__gt=now)
         if value == "waiting":

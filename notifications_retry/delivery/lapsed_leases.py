@@ -32,7 +32,7 @@ LAPSED_PER_CLAIM = 1000
 _LAPSED_IDS = f"""
     SELECT l.id FROM {_TABLE} l
     WHERE l.claim_expires_at IS NOT NULL AND l.claim_expires_at <= %(now)s
-          AND l.channel_id = ANY(%(channels)s::bigint[]) AND l.id <> ALL(%(skip)s::uuid[]) {{only}}
+          AND l.channel_id = ANY(%(channels)s::bigint[]) AND l.id <> ALL(%(skip)s::uuid[]) {{filters}}
     ORDER BY l.claim_expires_at
     LIMIT {LAPSED_PER_CLAIM}"""
 LAPSED_LEASES = f"""
@@ -66,7 +66,7 @@ def lapsed_leases_query(
     if partitions is not None and partitions.count > 1:
         filters += f" AND {PARTITION_OF.format(row='l')} = ANY(%(partitions)s)"
         params.update(partition_count=partitions.count, partitions=list(partitions.owned))
-    sql = (_LAPSED_IDS if ids else LAPSED_LEASES).format(only=filters)
+    sql = (_LAPSED_IDS if ids else LAPSED_LEASES).format(filters=filters)
     return sql, params
 
 

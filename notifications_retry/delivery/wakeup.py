@@ -20,7 +20,7 @@ from notifications_retry.models import ChannelConfig, NotificationEntity
 
 # A leased row has no due_at (db_rules.DUE_AT_RULE): the earliest lease expiry counts too, whatever
 # its channel (one probe of nr_lease_expiry_idx), so that a worker wakes when a dead worker's lease
-# lapses and its claim gives the row back (claim_statements.LAPSED_LEASES).
+# lapses and its channel's claim gives the row back (delivery.lapsed_leases).
 _EARLIEST_DUE = f"""
 SELECT LEAST((
     SELECT min(d.due_at)
