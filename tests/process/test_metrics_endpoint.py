@@ -162,6 +162,9 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
         )
         started = value(samples, "notifications_retry_last_tick_started_timestamp_seconds", lane="default")
         assert started <= completed <= time.time()
+        # The process's own CPU, which tells a worker its one thread bounds (docs/operations.md).
+        cpu = value(samples, "process_cpu_seconds_total")
+        assert cpu is not None and cpu > 0
         # Never an id in a label: cardinality stays bounded by channels, outcomes and error kinds.
         label_values = {v for (_, labels) in samples for (_, v) in labels}
         ids = {str(n.id) for n in NotificationEntity.objects.all()} | {
