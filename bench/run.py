@@ -116,14 +116,15 @@ def _fillfactor(text: str) -> int:
 LATENCY_TARGETS = {32: 0.90, 128: 0.80}
 
 
-def _client_alone(sink: Sink, concurrency: int, requests: int) -> float:
-    """Requests/s of the bare aiohttp client against the same receiver: the ceiling of this machine
-    for any worker that sends with it (no database, no scheduling, no logging)."""
+def _client_alone(sink: Sink, concurrency: int, requests: int) -> dict[str, float]:
+    """Requests/s and CPU µs a request of the bare aiohttp client against the same receiver: the
+    ceiling of this machine for any worker that sends with it (no database, no scheduling, no logging),
+    and the measure of its cores the worker's CPU a row is compared with."""
     import asyncio
 
     from bench.http_clients import aiohttp_client, drive
 
-    return asyncio.run(drive(aiohttp_client, sink.url, requests, concurrency))["rps"]
+    return asyncio.run(drive(aiohttp_client, sink.url, requests, concurrency))
 
 
 def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
@@ -141,10 +142,11 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
         rows = args.latency_rows or max(3000, 300 * conc)
         bound = conc / 0.02
         target = LATENCY_TARGETS.get(conc, 0.8)
-        ceiling = _client_alone(sink, conc, rows)
+        client = _client_alone(sink, conc, rows)
+        ceiling = client["rps"]
         print(
             f"max_concurrency {conc:>3}, {rows:,} POSTs, aiohttp alone: {ceiling:>7,.0f} req/s; "
-            f"ratio {ceiling / bound:.0%}"
+            f"ratio {ceiling / bound:.0%}; CPU {client['cpu_us']:.0f} µs/request"
         )
         for pipeline in ("native", "stdlib"):
             configure_logging(pipeline)
@@ -157,7 +159,9 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
                 + (f" (target >= {target:.0%})" if pipeline == "native" else "")
                 + f"; {result['rows_per_s'] / ceiling:.2f} of the client alone"
                 + f"; receiver answered in {result['answer_ms_mean']:.1f} ms on average; worker CPU "
-                f"{result['cpu_ms_per_row']:.2f} ms/row, {result['cpu_share']:.0%} of a core"
+                f"{result['cpu_ms_per_row']:.2f} ms/row "
+                f"({1000 * result['cpu_ms_per_row'] / client['cpu_us']:.1f}x the client's), "
+                f"{result['cpu_share']:.0%} of a core"
             )
             if pipeline == "native" and ratio < target:
                 missed.append(f"latency c={conc}")
