@@ -170,14 +170,14 @@ class NotificationEntityAdmin(TriageActions):
 
     @admin.display(description="next", ordering="due_at")
     def due_display(self, obj: NotificationEntity) -> str:
-        due_at = obj.due_at
+        due_at, now = obj.due_at, timezone.now()
         if due_at is None and obj.claim_expires_at is not None:
-            if obj.claim_expires_at > timezone.now():
+            if obj.claim_expires_at > now:
                 return "in flight"
             due_at = obj.claim_expires_at  # its worker died: due since its lease lapsed
         if due_at is None:
             return "—"
-        delta = (due_at - timezone.now()).total_seconds()
+        delta = (due_at - now).total_seconds()
         return f"in {display.format_age(delta)}" if delta > 0 else f"due {display.format_age(-delta)} ago"
 
     @admin.display(description="error kind", ordering="error_kind")
