@@ -18,8 +18,7 @@ from prometheus_client import REGISTRY
 from notifications_retry.conf import RetrySettings, settings_problems, tenant_rate_limits
 from notifications_retry.delivery import ChannelClaim, ClaimBatch, TenantCaps
 from notifications_retry.engine.tenant_limits import NO_CAP, TenantLimits
-from tests.support.records import claimed_record
-from tests.unit.test_scheduling_rules import (
+from tests.support.fake_tick import (
     CONF,
     FakeDatabase,
     FakeTime,
@@ -28,6 +27,7 @@ from tests.unit.test_scheduling_rules import (
     provider,
     run_tick,
 )
+from tests.support.records import claimed_record
 
 A, B, C = uuid.UUID(int=0xA), uuid.UUID(int=0xB), uuid.UUID(int=0xC)
 HORIZON = 0.25
