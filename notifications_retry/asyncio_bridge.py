@@ -68,6 +68,15 @@ class SteppedLoop:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def start(self, coroutine: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+        """Make ``coroutine`` a task of the loop, which starts at its next step; the owner takes its
+        result later with :meth:`run`."""
+        loop = self._started()
+        task = loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     def signal(self) -> None:
         """Called by a task: end the owner's current :meth:`wait` (or its next one): the task has
         something to hand over."""
@@ -87,9 +96,9 @@ class SteppedLoop:
         """Run the loop for ``seconds`` (the owner's pause: the tasks go on meanwhile)."""
         self._started().run_until_complete(asyncio.sleep(max(0.0, seconds)))
 
-    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        """Run the loop until ``coroutine`` is done; its result."""
-        return self._started().run_until_complete(coroutine)
+    def run(self, work: Coroutine[Any, Any, _T] | asyncio.Future[_T]) -> _T:
+        """Run the loop until ``work`` (a coroutine, or a task :meth:`start` made) is done; its result."""
+        return self._started().run_until_complete(work)
 
     def close(self) -> None:
         """Cancel what still runs on the loop, let it run out (transports closed), and close the loop."""

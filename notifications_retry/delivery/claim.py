@@ -44,11 +44,11 @@ from notifications_retry.delivery.claim_statements import (
     TenantCaps,
     claim_query,
 )
-from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
+from notifications_retry.delivery.finalize import NeedsDjango, connection_lost, outcome_steps, reachable
 from notifications_retry.delivery.lapsed_leases import lapsed_leases_query, recovery_group
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
-from notifications_retry.delivery.suppression import suppressed_steps
+from notifications_retry.delivery.suppression import gone_mailboxes, suppressed_steps
 from notifications_retry.exception_chain import first_line
 from notifications_retry.outcomes import (
     TERMINAL,
@@ -154,13 +154,19 @@ async def claim_due_async(
     skip: Collection[uuid.UUID],
     max_payload_bytes: int,
     partitions: Partitions | None = None,
+    settle: Settle | None = None,
 ) -> ClaimBatch:
-    """Lease up to ``total`` due rows by ``plan`` on ``conn``, as :func:`claim_due` does without
-    ``settle`` (only inline channels settle in their claim); raises what psycopg raised (the
-    transaction rolled back: the caller redoes the claim through :func:`claim_due`)."""
+    """Lease up to ``total`` due rows by ``plan`` on ``conn`` as :func:`claim_due` does, ``settle``
+    included (the settled rows' events written by ``COPY``, as on Django's connection); raises what
+    psycopg raised, or :class:`NeedsDjango` for an outcome whose write needs Django's ORM (a gone
+    mailbox's suppression), the transaction rolled back: the caller redoes the claim through
+    :func:`claim_due` (without ``settle`` if this one delivered any record: they are leased and
+    sent again, as :func:`claim_due` does when writing its outcomes fails)."""
     plan = [p for p in plan if p.limit > 0]
     if not plan or total <= 0:
         return ClaimBatch([], [])
+    if settle is not None:
+        settle = _without_orm(settle)
     claim = _Claim(
         now,
         budgets,
@@ -171,7 +177,20 @@ async def claim_due_async(
         partitions,
         server_version=conn.info.server_version,
     )
-    return await run_transaction_async(conn, bounded(claim.steps(plan, total, None)))
+    steps = bounded(claim.steps(plan, total, settle))
+    return await run_transaction_async(conn, steps, copy=settle is not None)
+
+
+def _without_orm(settle: Settle) -> Settle:
+    """``settle``, refusing (:class:`NeedsDjango`) an outcome that only Django's connection can write."""
+
+    def settled(record: ClaimedRecord) -> Outcome | None:
+        outcome = settle(record)
+        if outcome is not None and gone_mailboxes([outcome]):
+            raise NeedsDjango("a gone mailbox is suppressed through Django's ORM")
+        return outcome
+
+    return settled
 
 
 class _Claim:

@@ -2,42 +2,42 @@
 taking in what each claim returned.
 
 A claim settles inline channels' records on the spot (their outcomes are written by the claim's own
-transaction) and leases the others for the send loop. With a backlog of inline rows one claim at a
-time leaves a core idle: the worker's Python and the server take turns. So once a claim of inline
-channels alone came back full, every claim on the worker's thread has another running beside it on
-the claim thread (engine.claim_thread), each on its own connection; ``SKIP LOCKED`` keeps their rows
-apart. Settling runs under :attr:`Claims.settle_lock` (the channels' rate limiter, circuit and pause
-are shared); everything a claim returned is taken in on the worker's thread, so the tick's stats and
-the reporter need no lock.
+transaction) and leases the others for the send loop. Claims run on the :class:`ClaimConnection`, an
+asynchronous psycopg connection the send loop awaits them on (engine.loop_connection): the calls in
+flight go on while the server claims. With a backlog of inline rows one claim at a time leaves a core
+idle: the worker's Python and the server take turns. So once a claim of inline channels alone came back
+full, every claim has another running beside it on a second connection, a task of the same loop: while
+one waits for the server, the other's Python (reading its rows, settling them) runs. ``SKIP LOCKED``
+keeps their rows apart. Everything runs on the worker's thread, so the channels' state (rate limiter,
+circuit, pause), the tick's stats and the reporter need no lock; what a claim returned is taken in by
+the dispatcher between the loop's steps.
 
 A claim that comes back short beside another may only have met the other's locked rows, so it never
 marks a channel exhausted: claims go back to one at a time, and a short claim alone does.
 
-A claim of asynchronous channels alone runs on the :class:`ClaimConnection`, an asynchronous psycopg
-connection the send loop awaits it on (engine.loop_connection): the calls in flight go on while the
-server claims, on the worker's own thread. A claim that fails there is redone on Django's connection
-(``claim-fallback``), whose fallbacks tell a poison row from an outage.
+A claim that fails on its connection is redone on Django's connection (``claim-fallback``), whose
+fallbacks tell a poison row from an outage; so is one whose settled outcome needs Django's ORM (a gone
+mailbox's suppression), and every claim of a worker that has no connection of its own (inside a test's
+transaction, whose rows no other connection can see).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions, claim_due_async
+from notifications_retry.delivery import ChannelClaim, ClaimBatch, NeedsDjango, Partitions, claim_due_async
 from notifications_retry.delivery.channel_rules import RATE_HORIZON_SECONDS
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.completer import Commits
-from notifications_retry.engine.loop_connection import LoopConnection
+from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.exception_chain import first_line
@@ -45,35 +45,57 @@ from notifications_retry.observability import metrics
 from notifications_retry.outcomes import ClaimedRecord, Outcome
 
 #: Delivers an inline channel's claimed record now (its outcome), or None to lease it; deferred
-#: records' outcomes go to the list. Called with the settle lock held.
+#: records' outcomes go to the list.
 SettleOne = Callable[[ChannelRuntime, ClaimedRecord, list[Outcome]], Outcome | None]
 
 #: The least a channel's next claim waits after tenants' limits cut one short.
 MIN_CLAIM_WAIT_SECONDS = 0.01
+
+#: What makes a claim on a loop connection be redone on Django's connection.
+_REDONE = (psycopg.Error, NeedsDjango, NotConnected)
 
 
 class ClaimConnection(LoopConnection):
     """Claims awaited on the worker's send loop, on a connection of their own (engine.loop_connection)."""
 
     def claim(self, now: Any, plan: Sequence[ChannelClaim], **options: Any) -> ClaimBatch:
-        """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors.
+        """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors
+        and :class:`~notifications_retry.delivery.NeedsDjango`.
 
         ``options``: :func:`~notifications_retry.delivery.claim_due_async`'s own.
         """
+        return self.loop.run(self.claim_async(now, plan, connect=True, **options))
 
-        def work(conn: psycopg.AsyncConnection[Any]) -> Awaitable[ClaimBatch]:
-            return claim_due_async(conn, now, plan, **options)
-
-        return self.loop.run(self.run(work))
+    async def claim_async(
+        self, now: Any, plan: Sequence[ChannelClaim], *, connect: bool, **options: Any
+    ) -> ClaimBatch:
+        """:meth:`claim` as a task of the loop; ``connect=False`` (a claim in the background) raises
+        :class:`NotConnected` when the connection is not open."""
+        return await self.run(lambda conn: claim_due_async(conn, now, plan, **options), connect=connect)
 
 
 @dataclasses.dataclass
-class AheadClaim:
-    """A claim running on the claim thread, and what the worker's thread needs to take it in."""
+class Attempt:
+    """What a claim on a loop connection came back with: its rows, or (``batch`` None) why it must be
+    redone on Django's connection, and whether it had delivered records before it failed."""
 
-    future: Future[tuple[ClaimBatch, list[Outcome]]]
+    batch: ClaimBatch | None
+    pending: list[Outcome]
+    delivered: int = 0
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass
+class RunningClaim:
+    """A claim under way, a task of the send loop on a connection of its own, and what taking it in needs."""
+
+    task: asyncio.Future[Attempt]
+    connection: ClaimConnection
     plan: list[ChannelClaim]
     total: int
+    skip: frozenset[Any]
+    #: No other claim ran beside it: only such a claim, come back short, marks a channel exhausted.
+    alone: bool
 
 
 class Claims:
@@ -88,27 +110,27 @@ class Claims:
         completer: Commits,
         settle_one: SettleOne,
         lane_priorities: list[int] | None,
-        claim_thread: ClaimThread | None = None,
         claim_connection: ClaimConnection | None = None,
+        beside_connection: ClaimConnection | None = None,
         db: TickDatabase = POSTGRES,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.conf = conf
         self.monotonic = monotonic
-        #: Where claims of asynchronous channels alone are awaited by the send loop (None: on ``db``).
+        #: Where claims are awaited by the send loop (None: every claim on ``db``, Django's connection).
         self.claim_connection = claim_connection
+        #: Where the claim beside runs, on a backlog of inline rows (None: one claim at a time).
+        self.beside_connection = beside_connection
         self.db = db
         self.now = now
         self.reporter = reporter
         self.completer = completer
         self.settle_one = settle_one
         self.lane_priorities = lane_priorities
-        self.claim_thread = claim_thread
-        #: Held while inline channels' state is read or changed: two claims may settle at once.
-        self.settle_lock = threading.Lock()
         #: Rows the claim could not read or lease, skipped from then on (logged once each).
         self.poisoned: set[Any] = set()
-        self.ahead: AheadClaim | None = None
+        #: Claims under way in the background (two at a time on a backlog of inline rows), oldest first.
+        self.under_way: list[RunningClaim] = []
         #: Whether claims run two at a time now (inline channels with a backlog).
         self.paired = False
         #: The tick's channels and stats (set by :meth:`begin_tick`).
@@ -120,18 +142,18 @@ class Claims:
     def begin_tick(
         self, runtimes: dict[int, ChannelRuntime], stats: TickStats, partitions: Partitions | None = None
     ) -> None:
-        self.ahead, self.paired = None, False
+        self.under_way, self.paired = [], False
         self.runtimes, self.stats, self.partitions = runtimes, stats, partitions
 
     @property
     def running(self) -> bool:
-        """A claim is running on the claim thread."""
-        return self.ahead is not None
+        """A claim is under way in the background (it is taken in before the tick ends)."""
+        return bool(self.under_way)
 
     @property
     def reserved(self) -> int:
-        """Rows the claim on the claim thread may still return (counted against the tick's batch)."""
-        return self.ahead.total if self.ahead is not None else 0
+        """Rows the claims under way may still return (counted against the tick's batch)."""
+        return sum(claim.total for claim in self.under_way)
 
     def plan(self, wanted: Mapping[int, int], now_mono: float) -> list[ChannelClaim]:
         """What to claim of each channel: ``wanted`` rows for its lease, its tenants' caps with them
@@ -146,79 +168,163 @@ class Claims:
         return plan
 
     def claim(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> None:
-        """Claim up to ``remaining`` rows by ``plan`` here, with one more claim beside it when paired."""
-        if self.paired and self.ahead is None and self.claim_thread is not None:
-            total = min(remaining, sum(p.limit for p in plan))
-            skip = frozenset(self.poisoned)
-            future = self.claim_thread.submit(lambda: self._claim_rows(plan, total, skip, bound))
-            self.ahead = AheadClaim(future, plan, total)
-            remaining -= total
-            if remaining <= 0:
-                return
-        alone = self.ahead is None
-        batch, pending = self._claim_rows(plan, remaining, self.poisoned, bound)
-        self._take(batch, pending, plan, remaining, bound, alone=alone)
+        """Claim up to ``remaining`` rows by ``plan``.
+
+        Alone, one claim, run until it ends. Paired, a claim on each connection not claiming already
+        (two in all), then the first to end is taken in while the other goes on: the server works on
+        one while the worker's Python reads, settles and reports the other.
+        """
+        if self.paired and self.beside_connection is not None and self._start_pair(plan, remaining, bound):
+            self._take_first(bound)
+            return
+        self.take_ahead(bound, wait=True)  # no longer paired: nothing runs beside a claim alone
+        connection = self.claim_connection
+        if connection is None:
+            attempt = Attempt(None, [], error=NotConnected())
+        else:
+            attempt = connection.loop.run(
+                self._attempt(connection, plan, remaining, self.poisoned, connect=True)
+            )
+        batch, pending = self._redo(attempt, plan, remaining, self.poisoned, bound)
+        self._take(batch, pending, plan, remaining, bound, alone=True)
 
     def take_ahead(self, bound: Any, *, wait: bool) -> None:
-        """Take in the claim thread's claim if it ended, or (``wait``, or no longer paired) once it ends."""
-        ahead = self.ahead
-        if ahead is None:
-            return
-        # Unpaired, nothing more is claimed beside it: its rows are waited for, never polled.
-        if not (wait or not self.paired) and not ahead.future.done():
-            return
-        self.ahead = None
-        batch, pending = ahead.future.result()
-        self._take(batch, pending, ahead.plan, ahead.total, bound, alone=False)
+        """Take in the claims under way that ended, or (``wait``, or no longer paired) all, once they end."""
+        # Unpaired, nothing more is claimed beside them: their rows are waited for, never polled.
+        if wait or not self.paired:
+            while self.under_way:
+                self._take_first(bound)
+        else:
+            self._take_ended(bound)
 
     def finish(self, bound: Any) -> None:
-        """End of a tick: take in a claim still running beside (its rows are committed), then close the
-        claim thread's connection, so a tick leaves no second session open."""
+        """End of a tick: take in the claims still under way (their rows are committed), then close the
+        second connection, so a tick leaves no second session open."""
         try:
             self.take_ahead(bound, wait=True)
         except Exception as exc:  # the tick may be ending on an error already: say this one, keep that one
             bound.error("claim-failed", error=f"{type(exc).__name__}: {exc}"[:300])
         finally:
-            if self.claim_thread is not None:
-                self.claim_thread.close()
+            self.under_way = []
+            if self.beside_connection is not None:
+                self.beside_connection.close()
 
-    def _claim_rows(
-        self,
-        plan: list[ChannelClaim],
-        total: int,
-        skip: Collection[Any],
-        bound: Any,
-    ) -> tuple[ClaimBatch, list[Outcome]]:
-        """One claim, on whichever thread calls it: what it leased and settled, and the outcomes of the
-        records its inline sends deferred (committed like any other)."""
-        runtimes = self.runtimes
-        budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
-        pending: list[Outcome] = []
-        common: dict[str, Any] = {
+    def _start_pair(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> bool:
+        """Start a claim on each open connection not claiming already; whether any claim is under way.
+
+        Claims in the background never connect (engine.loop_connection): the second connection is
+        opened here, by the loop's owner; one it cannot open leaves the claims one at a time.
+        """
+        claiming = {id(claim.connection) for claim in self.under_way}
+        for connection in (self.claim_connection, self.beside_connection):
+            total = min(remaining, sum(p.limit for p in plan))
+            if connection is None or id(connection) in claiming or total <= 0:
+                continue
+            if connection is self.beside_connection and not self._connected(connection, bound):
+                return bool(self.under_way)
+            if not connection.open:
+                continue  # the claims' own connection after a failure: the next claim alone reopens it
+            skip = frozenset(self.poisoned)
+            task = connection.loop.start(self._attempt(connection, plan, total, skip, connect=False))
+            for claim in self.under_way:
+                claim.alone = False
+            self.under_way.append(RunningClaim(task, connection, plan, total, skip, alone=not self.under_way))
+            remaining -= total
+        return bool(self.under_way)
+
+    def _take_first(self, bound: Any) -> None:
+        """Run the send loop until a claim under way ends; take in those that ended."""
+        if not any(claim.task.done() for claim in self.under_way):
+            tasks = [claim.task for claim in self.under_way]
+            self.under_way[0].connection.loop.run(asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED))
+        self._take_ended(bound)
+
+    def _take_ended(self, bound: Any) -> None:
+        """Take in the claims under way that ended (a claim that must be redone, on Django's connection)."""
+        for claim in [claim for claim in self.under_way if claim.task.done()]:
+            self.under_way.remove(claim)
+            batch, pending = self._redo(claim.task.result(), claim.plan, claim.total, claim.skip, bound)
+            self._take(batch, pending, claim.plan, claim.total, bound, alone=claim.alone)
+
+    def _connected(self, connection: ClaimConnection, bound: Any) -> bool:
+        """Open ``connection`` from the loop's owner; a connect that fails leaves the claims one at a
+        time until the next tick."""
+        try:
+            connection.connect()
+        except psycopg.Error as exc:
+            bound.warning("claim-beside-unavailable", error=first_line(exc))
+            self.paired = False
+            return False
+        return True
+
+    def _options(self, total: int, skip: Collection[Any]) -> dict[str, Any]:
+        """The claim's options, as both drivers take them."""
+        return {
             "total": total,
-            "budgets": budgets,
+            "budgets": {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in self.runtimes.items()},
             "attempts_by_type": self.conf.ATTEMPTS_BY_TYPE,
             "priorities": self.lane_priorities,
             "skip": skip,
             "max_payload_bytes": self.conf.MAX_PAYLOAD_BYTES,
             "partitions": self.partitions,
         }
-        if self.claim_connection is not None and not any(runtimes[p.channel_id].inline for p in plan):
-            try:
-                return self.claim_connection.claim(self.now(), plan, **common), pending
-            except psycopg.Error as exc:
-                # Redone on Django's connection, whose fallbacks tell a poison row from an outage.
-                bound.warning("claim-fallback", fallback="django-connection", error=first_line(exc))
+
+    def _settler(self, pending: list[Outcome]) -> Callable[[ClaimedRecord], Outcome | None]:
+        """Delivers an inline channel's record inside its claim (providers without I/O: one row write
+        instead of lease + finalize); its deferred records' outcomes go to ``pending``."""
+        runtimes, settle_one = self.runtimes, self.settle_one
 
         def settle(record: ClaimedRecord) -> Outcome | None:
-            # Providers without I/O deliver inside the claim: one row write instead of lease + finalize.
             rt = runtimes[record.channel_id]
-            if not rt.inline:
-                return None
-            with self.settle_lock:
-                return self.settle_one(rt, record, pending)
+            return settle_one(rt, record, pending) if rt.inline else None
 
-        return self.db.claim(self.now(), plan, settle=settle, log=bound, **common), pending
+        return settle
+
+    async def _attempt(
+        self,
+        connection: ClaimConnection,
+        plan: list[ChannelClaim],
+        total: int,
+        skip: Collection[Any],
+        *,
+        connect: bool,
+    ) -> Attempt:
+        """One claim on ``connection``, never raising what makes it be redone on Django's connection."""
+        pending: list[Outcome] = []
+        settle = self._settler(pending)
+        attempt = Attempt(None, pending)
+
+        def counted(record: ClaimedRecord) -> Outcome | None:
+            outcome = settle(record)
+            attempt.delivered += outcome is not None
+            return outcome
+
+        inline = any(self.runtimes[p.channel_id].inline for p in plan)
+        options = self._options(total, skip)
+        try:
+            attempt.batch = await connection.claim_async(
+                self.now(), plan, connect=connect, settle=counted if inline else None, **options
+            )
+        except _REDONE as exc:
+            attempt.error = exc
+            pending.clear()  # the claim rolled back: its rows come again
+        return attempt
+
+    def _redo(
+        self, attempt: Attempt, plan: list[ChannelClaim], total: int, skip: Collection[Any], bound: Any
+    ) -> tuple[ClaimBatch, list[Outcome]]:
+        """``attempt``'s rows, or the claim redone on Django's connection, whose fallbacks tell a poison
+        row from an outage (without settling, if the attempt had delivered records: they are leased
+        and sent again, as a claim whose outcomes cannot be written does)."""
+        if attempt.batch is not None:
+            return attempt.batch, attempt.pending
+        error = attempt.error
+        if error is not None and not isinstance(error, NeedsDjango | NotConnected):
+            bound.warning("claim-fallback", fallback="django-connection", error=first_line(error))
+        pending: list[Outcome] = []
+        settle = self._settler(pending) if not attempt.delivered else None
+        options = self._options(total, skip)
+        return self.db.claim(self.now(), plan, settle=settle, log=bound, **options), pending
 
     def _take(
         self,
@@ -234,13 +340,12 @@ class Claims:
         runtimes, stats = self.runtimes, self.stats
         got: dict[int, int] = {}
         now_mono = self.monotonic()
-        with self.settle_lock:  # an inline channel's queue is read by the other claim's settling
-            for record in batch.records:
-                rt = runtimes[record.channel_id]
-                rt.queue.append(record)
-                if rt.tenants is not None:
-                    rt.tenants.admit(record)  # it will take one of its tenant's slots
-                got[record.channel_id] = got.get(record.channel_id, 0) + 1
+        for record in batch.records:
+            rt = runtimes[record.channel_id]
+            rt.queue.append(record)
+            if rt.tenants is not None:
+                rt.tenants.admit(record)  # it will take one of its tenant's slots
+            got[record.channel_id] = got.get(record.channel_id, 0) + 1
         stats.claims += len(batch.records) + len(batch.settled)
         # Settled-in-claim rows were committed with the claim: account for them now.
         for outcome in batch.settled:
@@ -260,7 +365,7 @@ class Claims:
             return
         # A full claim of inline channels alone: a backlog, worth a second claimer from now on.
         inline = all(runtimes[p.channel_id].inline for p in plan)
-        self.paired = self.claim_thread is not None and full and inline
+        self.paired = self.beside_connection is not None and full and inline
         if not batch.more and not batch.poisoned and len(batch.records) + len(batch.settled) < remaining:
             for p in plan:
                 if got.get(p.channel_id, 0) < p.limit:

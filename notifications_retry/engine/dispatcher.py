@@ -6,10 +6,9 @@ providers' calls, the claims and the commits are tasks of the worker's send loop
 which this thread runs whenever it waits. A finished call feeds its channel's flow control and starts
 the channel's next queued record itself, within that step; its outcome is handed over in
 :attr:`Dispatcher.done`. A channel's state (capacity, rate limiter, circuit) is thus changed on one
-thread only. The one lock left, :attr:`Dispatcher.settle_lock`, guards the inline channels, whose
-records a second claim settles on the claim thread (engine.claim_thread). Records a channel can no
-longer send (its circuit opened, the provider asked it to wait) are given back (after a throttle, due
-again when the pause ends) — unless the channel has a fallback that can take them (engine.failover).
+thread only, with no lock. Records a channel can no longer send (its circuit opened, the provider
+asked it to wait) are given back (after a throttle, due again when the pause ends) — unless the
+channel has a fallback that can take them (engine.failover).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import Partitions
 from notifications_retry.engine.channels import ChannelRuntime, next_wait
-from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
@@ -64,8 +62,8 @@ class Dispatcher:
         monotonic: Callable[[], float],
         stopping: Callable[[], bool],
         lane_priorities: list[int] | None,
-        claim_thread: ClaimThread | None = None,
         claim_connection: ClaimConnection | None = None,
+        beside_connection: ClaimConnection | None = None,
         db: TickDatabase = POSTGRES,
         sleep: Callable[[float], None] = time.sleep,
         cap: InFlightCap | None = None,
@@ -107,15 +105,12 @@ class Dispatcher:
             completer=completer,
             settle_one=self._settle_one,
             lane_priorities=lane_priorities,
-            claim_thread=claim_thread,
             claim_connection=claim_connection,
+            beside_connection=beside_connection,
             db=db,
             monotonic=monotonic,
         )
-        #: Held while inline channels' state is read or changed: two claims may settle at once.
-        self.settle_lock = self.claims.settle_lock
-        # A fallback may be an inline channel: its state is changed under the settle lock.
-        self.failover = Failover(executor, self.feedback, self.settle_lock, monotonic)
+        self.failover = Failover(executor, self.feedback, monotonic)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -189,9 +184,8 @@ class Dispatcher:
             # What may start (a slot a commit just freed) starts before a claim, not after its round trip.
             self._start(runtimes)
             if claiming:
-                with self.settle_lock:
-                    wanted = {c: rt.capacity(now_mono, chunk) for c, rt in runtimes.items()}
-                    plan = claims.plan(fit_to_room(runtimes, wanted), now_mono)
+                wanted = {c: rt.capacity(now_mono, chunk) for c, rt in runtimes.items()}
+                plan = claims.plan(fit_to_room(runtimes, wanted), now_mono)
                 if not plan:
                     claims.take_ahead(bound, wait=True)  # nothing to claim beside it: wait, not spin
                 elif ownership.may_send():
@@ -212,8 +206,7 @@ class Dispatcher:
             if idle:
                 if not claiming:
                     break
-                with self.settle_lock:
-                    stuck = not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values())
+                stuck = not any(rt.capacity(self.monotonic(), chunk) for rt in runtimes.values())
                 # Every channel exhausted, paused or open-circuited for now, unless a tenant's limit
                 # only delays a channel's next claim: then wait for it.
                 if stuck and not any(rt.claim_after > self.monotonic() for rt in runtimes.values()):
@@ -242,8 +235,8 @@ class Dispatcher:
     # -- claiming ------------------------------------------------------------------------------
 
     def _settle_one(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome | None:
-        """A claimed record of an inline channel, delivered now if it may start (the caller holds the
-        settle lock); None leases it for later (a paused channel's is given back by :meth:`_start`)."""
+        """A claimed record of an inline channel, delivered now if it may start; None leases it for
+        later (a paused channel's is given back by :meth:`_start`)."""
         now_mono = self.monotonic()
         if rt.queue or not rt.can_start(now_mono) or not self._may_send():
             return None
@@ -257,8 +250,7 @@ class Dispatcher:
 
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
-        with self.settle_lock:
-            queued = [record for rt in runtimes.values() for record in take_queue(rt)]
+        queued = [record for rt in runtimes.values() for record in take_queue(rt)]
         self.give_back.release(queued, reason, bound)
 
     # -- sending -------------------------------------------------------------------------------
@@ -271,13 +263,12 @@ class Dispatcher:
             if rt.inline:
                 outcomes: list[Outcome] = []
                 held: list[ClaimedRecord] = []
-                with self.settle_lock:
-                    while (record := rt.next_startable(self.monotonic())) is not None:
-                        self._send_inline(rt, record, outcomes)
-                    # Paused, or its circuit opened while a claim leased the rest of its rows: nothing
-                    # starts them this tick (an exhausted channel's circuit is not looked at again).
-                    if rt.queue and rt.cannot_send(self.monotonic()):
-                        held = take_queue(rt)
+                while (record := rt.next_startable(self.monotonic())) is not None:
+                    self._send_inline(rt, record, outcomes)
+                # Paused, or its circuit opened while a claim leased the rest of its rows: nothing
+                # starts them this tick (an exhausted channel's circuit is not looked at again).
+                if rt.queue and rt.cannot_send(self.monotonic()):
+                    held = take_queue(rt)
                 self.completer.add(outcomes)
                 if held and self.monotonic() < rt.paused_until:
                     self.give_back.hold_back(rt, held)  # their next attempt waits for the whole pause
@@ -288,8 +279,7 @@ class Dispatcher:
             rerouted: list[Rerouted] = []
             given_back: list[ClaimedRecord] = []
             if rt.fallback is not None and rt.queue:
-                with self.settle_lock:  # the fallback may be an inline channel
-                    rerouted, given_back = self.failover.reroute(rt)
+                rerouted, given_back = self.failover.reroute(rt)
                 self.running += len(rerouted)
             elif rt.queue and rt.cannot_send(self.monotonic()):
                 # Claimed by a claim that was already running when the circuit opened (or the
@@ -307,8 +297,7 @@ class Dispatcher:
                 self.give_back.unsendable(rt, given_back)
 
     def _send_inline(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome:
-        """Send on this thread (an inline provider; the caller holds the settle lock); its outcome and
-        any records it defers go to ``out``."""
+        """Send on this thread (an inline provider); its outcome and any records it defers go to ``out``."""
         rt.begin(self.monotonic())
         outcome = self.executor.send(rt, record)
         returned = self.feedback.account(rt, outcome, self.monotonic())
@@ -347,8 +336,7 @@ class Dispatcher:
                 # The primary's answer feeds the primary's flow control, whatever the fallback does.
                 at = self.monotonic()
                 returns.append(Returned(rt, outcome, self.feedback.account_safely(rt, outcome, at), at))
-                with self.settle_lock:  # the fallback may be an inline channel
-                    fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
+                fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
                 if fallback is not None:
                     self.last_start = self.monotonic()
                     outcome, returned = await self.failover.send(rt, fallback, record, outcome)

@@ -23,7 +23,6 @@ fallback is never used for another channel's attempt.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -98,25 +97,23 @@ def not_called(rt: ChannelRuntime, now_mono: float) -> Failure:
 
 
 class Failover:
-    """Sends attempts through fallback channels, on the worker's thread; a fallback's state is changed
-    under the dispatcher's settle lock (an inline fallback's records are also settled by a claim)."""
+    """Sends attempts through fallback channels, on the worker's thread, which alone changes a fallback's
+    state (an inline fallback's records are also settled by claims: tasks of the same loop)."""
 
     def __init__(
         self,
         executor: Executor,
         feedback: FlowFeedback,
-        lock: threading.Lock,
         monotonic: Callable[[], float],
     ) -> None:
         self.executor = executor
         self.feedback = feedback
-        self.lock = lock
         self.monotonic = monotonic
 
     def reserve(self, rt: ChannelRuntime, now_mono: float) -> ChannelRuntime | None:
         """``rt``'s fallback with a call slot taken on it, or None when it cannot take one now.
 
-        Call under the dispatcher's settle lock; a reserved slot is given back by :meth:`send`.
+        A reserved slot is given back by :meth:`send`.
         """
         fallback = rt.fallback
         if fallback is None or not fallback.can_take_failover(now_mono):
@@ -126,7 +123,7 @@ class Failover:
         return fallback
 
     def reroute(self, rt: ChannelRuntime) -> tuple[list[Rerouted], list[ClaimedRecord]]:
-        """Under the dispatcher's settle lock: the queued records of a bypassed ``rt`` its fallback takes now,
+        """The queued records of a bypassed ``rt`` its fallback takes now,
         and those to give back because the fallback cannot take any (its circuit open, paused).
 
         Records the fallback is merely too busy for stay queued for its next free slot.
@@ -155,10 +152,9 @@ class Failover:
         fallback's own flow control handed back."""
         started = self.monotonic()
         answer = await self.executor.send_async(fallback, record)
-        with self.lock:
-            at = self.monotonic()
-            returned = Returned(fallback, answer, self.feedback.account(fallback, answer, at), at)
-            fallback.inflight -= 1
+        at = self.monotonic()
+        returned = Returned(fallback, answer, self.feedback.account(fallback, answer, at), at)
+        fallback.inflight -= 1
         if isinstance(primary, Failure):
             primary = self.executor.failed(rt, record, primary, started)
         delivered = answer.result == SENT

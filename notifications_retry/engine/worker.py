@@ -31,7 +31,6 @@ from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.bookkeeping import Bookkeeping
 from notifications_retry.engine.channel_set import ChannelSet
-from notifications_retry.engine.claim_thread import ClaimThread
 from notifications_retry.engine.claiming import ClaimConnection
 from notifications_retry.engine.completer import Commits, Completer, commit_in_hand
 from notifications_retry.engine.dispatcher import Dispatcher
@@ -140,8 +139,12 @@ class Worker:
         self.completer: Commits = (
             LoopCompleter(completer, self._send_loop) if conf.COMMIT_THREAD and beside else completer
         )
-        #: Where the claims of asynchronous channels run (engine.claiming), kept from tick to tick.
+        #: Where the claims run (engine.claiming), kept from tick to tick; and the claim beside them on
+        #: a backlog of inline rows, opened when one comes and closed at the end of its tick.
         self.claim_connection = ClaimConnection(self._send_loop) if beside else None
+        self.beside_connection = (
+            ClaimConnection(self._send_loop, role="claims-beside") if conf.CLAIM_THREAD and beside else None
+        )
         self.dispatcher = Dispatcher(
             conf=conf,
             executor=self.executor,
@@ -151,8 +154,8 @@ class Worker:
             monotonic=monotonic,
             stopping=self._stop.is_set,
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
-            claim_thread=ClaimThread() if conf.CLAIM_THREAD and beside else None,
             claim_connection=self.claim_connection,
+            beside_connection=self.beside_connection,
             cap=cap,
         )
 
@@ -250,9 +253,10 @@ class Worker:
         self.lock.close()
         self.completer.close()
         self.channels.close()
-        if self.claim_connection is not None:
-            with contextlib.suppress(psycopg.Error):
-                self.claim_connection.close()
+        for claims in (self.claim_connection, self.beside_connection):
+            if claims is not None:
+                with contextlib.suppress(psycopg.Error):
+                    claims.close()
         self._send_loop.close()
         self.executor.close()
 

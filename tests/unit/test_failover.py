@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 from notifications_retry.conf import get_settings
 from notifications_retry.engine.failover import (
     CIRCUIT_OPEN,
@@ -27,7 +25,7 @@ def pair(fallback_concurrency: int = 2):
 
 
 def failover(mono: Mono) -> Failover:
-    return Failover(None, FlowFeedback(get_settings(), mono, Log()), threading.Lock(), mono)  # type: ignore[arg-type]
+    return Failover(None, FlowFeedback(get_settings(), mono, Log()), mono)  # type: ignore[arg-type]
 
 
 def open_circuit(rt, now: float) -> None:

@@ -1,0 +1,235 @@
+"""With a backlog on inline channels the worker runs a second claim on a connection of its own beside
+each of its claims, a task of the same send loop on the worker's one thread; every row is still
+delivered once, the batch size still holds, a claim beside that fails is redone on Django's connection,
+and a claim that comes back short beside another never ends the tick early."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, ClassVar
+
+import psycopg
+import pytest
+from django.db import OperationalError
+from structlog.testing import capture_logs
+
+from notifications_retry.engine import claiming, ports
+from notifications_retry.engine.worker import Worker
+from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.providers.stub import StubProvider
+from tests.factories import ChannelFactory, due_notifications
+
+Status = NotificationEntity.Status
+
+
+@pytest.fixture
+def small_chunks(settings):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CLAIM_CHUNK_SIZE": 20}
+
+
+@pytest.fixture
+def claims_seen(monkeypatch):
+    """(thread name, backend pid, rows) of every claim the worker makes on a connection of its own."""
+    seen: list[tuple[str, int, int]] = []
+    real = claiming.claim_due_async
+
+    async def recording(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = await real(conn, *args, **kwargs)
+        seen.append(
+            (threading.current_thread().name, conn.info.backend_pid, len(batch.records) + len(batch.settled))
+        )
+        return batch
+
+    monkeypatch.setattr(claiming, "claim_due_async", recording)
+    return seen
+
+
+def stub_rows(clock, key: str, count: int) -> list[NotificationEntity]:
+    return due_notifications(clock, ChannelFactory(key=key, provider_key="stub"), count)
+
+
+def assert_delivered_once(rows: list[NotificationEntity]) -> None:
+    ids = [r.pk for r in rows]
+    assert set(NotificationEntity.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
+        Status.SENT
+    }
+    keys = list(Outbox.objects.filter(key__in=[str(i) for i in ids]).values_list("key", flat=True))
+    assert sorted(keys) == sorted(str(i) for i in ids), "one event per delivered row"
+    assert set(NotificationEntity.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == {2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_inline_backlog_is_claimed_on_two_connections_of_one_thread_and_every_row_delivered_once(
+    small_chunks, claims_seen, clock
+):
+    rows = stub_rows(clock, "bulk", 260) + stub_rows(clock, "few", 30)
+    threads_before = set(threading.enumerate())
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    try:
+        [stats] = worker.run(once=True)
+        assert not worker.beside_connection.open, "the claim beside closes its connection with the tick"
+    finally:
+        worker.close()
+    assert stats.sent == stats.processed == stats.claims == 290 and not stats.error
+    assert {name for name, _, got in claims_seen if got} == {threading.current_thread().name}
+    assert len({pid for _, pid, got in claims_seen if got}) == 2, "two connections claimed"
+    assert set(threading.enumerate()) == threads_before, "no thread started"
+    assert_delivered_once(rows)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_paired_claims_keep_to_the_batch_size(small_chunks, claims_seen, clock):
+    rows = stub_rows(clock, "bulk", 300)
+    worker = Worker(batch_size=130, max_duration=60, clock=clock)
+    try:
+        [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert len({pid for _, pid, _ in claims_seen}) == 2
+    assert stats.claims == stats.sent == 130
+    sent = set(NotificationEntity.objects.filter(status=Status.SENT).values_list("pk", flat=True))
+    assert len(sent) == 130
+    assert_delivered_once([r for r in rows if r.pk in sent])
+
+
+def fail_beside_once(monkeypatch: pytest.MonkeyPatch, worker: Worker) -> list[int]:
+    """Make the first claim on the worker's second connection fail as a dropped connection does."""
+    real = claiming.claim_due_async
+    failed: list[int] = []
+
+    async def failing_once(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        if conn is worker.beside_connection._conn and not failed:
+            failed.append(conn.info.backend_pid)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await real(conn, *args, **kwargs)
+
+    monkeypatch.setattr(claiming, "claim_due_async", failing_once)
+    return failed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_beside_that_fails_is_redone_on_djangos_connection_and_the_tick_goes_on(
+    small_chunks, monkeypatch, clock
+):
+    rows = stub_rows(clock, "bulk", 200)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    failed = fail_beside_once(monkeypatch, worker)
+    try:
+        with capture_logs() as logs:
+            [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert failed, "the claim beside was made and failed"
+    [fallback] = [e for e in logs if e["event"] == "claim-fallback"]
+    assert fallback["fallback"] == "django-connection" and "server closed" in fallback["error"]
+    assert stats.sent == 200 and not stats.error
+    assert_delivered_once(rows)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_beside_whose_redo_fails_too_ends_the_tick_and_loses_nothing(
+    small_chunks, monkeypatch, clock
+):
+    rows = stub_rows(clock, "bulk", 200)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    failed = fail_beside_once(monkeypatch, worker)
+    real = ports.claim_due
+    redone: list[int] = []
+
+    def failing_redo(*args: Any, **kwargs: Any) -> Any:
+        if failed and not redone:
+            redone.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ports, "claim_due", failing_redo)
+    try:
+        [first] = worker.run(once=True)
+        assert redone and first.error, "the redo's error reached the tick"
+        assert first.sent < 200
+        [second] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert first.sent + second.sent == 200
+    assert_delivered_once(rows)
+
+
+@pytest.mark.parametrize(
+    "claim_thread",
+    [
+        pytest.param(True, marks=pytest.mark.django_db, id="inside-a-transaction"),
+        pytest.param(False, marks=pytest.mark.django_db(transaction=True), id="turned-off"),
+    ],
+)
+def test_claims_are_one_at_a_time_inside_a_transaction_or_when_turned_off(
+    settings, small_chunks, claims_seen, clock, claim_thread, monkeypatch
+):
+    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CLAIM_THREAD": claim_thread}
+    on_django: list[int] = []
+    real = ports.claim_due
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        on_django.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ports, "claim_due", recording)
+    rows = stub_rows(clock, "bulk", 90)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    assert worker.dispatcher.claims.beside_connection is None
+    try:
+        [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert stats.sent == 90
+    if claim_thread:  # inside a test's transaction: Django's connection alone sees the rows
+        assert on_django and not claims_seen
+    else:
+        assert not on_django and len({pid for _, pid, _ in claims_seen}) == 1
+    assert_delivered_once(rows)
+
+
+@pytest.mark.django_db
+def test_claim_thread_must_be_a_bool(settings):
+    from notifications_retry.conf import get_settings, settings_problems
+
+    settings.NOTIFICATIONS_RETRY = {"CLAIM_THREAD": 1}
+    assert any("CLAIM_THREAD must be True or False" in p for p in settings_problems(get_settings()))
+
+
+class OverlapProvider(StubProvider):
+    """An inline provider that notes how many of its sends ran at once, and on which threads."""
+
+    key = "overlap"
+    active = 0
+    most = 0
+    threads: ClassVar[set[str]] = set()
+
+    def send(self, message):
+        cls = type(self)
+        cls.active += 1
+        cls.most = max(cls.most, cls.active)
+        cls.threads.add(threading.current_thread().name)
+        time.sleep(0.0002)  # would let another thread run, were one allowed to send now
+        cls.active -= 1
+        return super().send(message)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_inline_sends_never_run_at_once(settings, small_chunks, claims_seen, clock):
+    settings.NOTIFICATIONS_RETRY = {
+        **settings.NOTIFICATIONS_RETRY,
+        "PROVIDERS": {"overlap": f"{__name__}.OverlapProvider"},
+    }
+    OverlapProvider.most, OverlapProvider.threads = 0, set()
+    rows = due_notifications(clock, ChannelFactory(key="bulk", provider_key="overlap"), 200)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    try:
+        [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert stats.sent == 200
+    assert len({pid for _, pid, _ in claims_seen}) == 2, "two claims settled side by side"
+    assert OverlapProvider.threads == {threading.current_thread().name}
+    assert OverlapProvider.most == 1, "the two claims' settling takes turns on the one thread"
+    assert_delivered_once(rows)
