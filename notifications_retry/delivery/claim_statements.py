@@ -45,7 +45,8 @@ PARTITION_OF = "mod(uuid_hash_extended({row}.id, 0) & 9223372036854775807, %(par
 TENANTS_PER_CLAIM = 1000
 
 #: Rows a claim picks per channel before locking, as a multiple of the channel's limit: a row another
-#: claim has just locked (the claim thread's claim beside this one) is skipped and the next one taken.
+#: claim has just locked (the claim beside this one, on the worker's second connection) is skipped and
+#: the next one taken.
 PICK_FACTOR = 2
 
 

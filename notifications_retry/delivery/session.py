@@ -72,7 +72,7 @@ def drop_broken_connection() -> None:
 
     Unlike ``close_old_connections`` this keeps a healthy connection, whatever ``CONN_MAX_AGE`` says:
     a long-running worker has no request cycle to bound a connection's life. The connection is this
-    thread's own (the worker's, the claim thread's, the relay's); the next statement opens a new one.
+    thread's own (the worker's, the relay's); the next statement opens a new one.
     """
     if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
         # Closing a connection the server already dropped may raise too: it is gone either way.

@@ -9,8 +9,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
   start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
   the records their channels can no longer send on.
-- ``.claiming``: the tick's claims (a second one beside it on a backlog of inline rows) and taking in
-  what each claim returned.
+- ``.claiming``: the tick's claims, on the send loop's claim connections (a second claim under way on a
+  backlog of inline rows) or Django's, and taking in what each claim returned.
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel;
   what a finished call hands back (``Finished``, ``Returned``).
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
@@ -27,7 +27,6 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   and how many rows a channel claims and when a send may start.
 - ``.tenant_limits``: per-tenant rate limits within a channel (``TENANT_RATE_LIMITS``): each tenant's
   cap on a claim, and the slot each of its records waits for.
-- ``.claim_thread``: the thread and connection the second claim runs on.
 - ``.completer``: the rule for when outcomes are committed (size or delay) and their commit, kept
   through a database outage.
 - ``.failures``: what a tick that failed on the database reports, and the pause before the next one.

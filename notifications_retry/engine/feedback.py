@@ -18,7 +18,7 @@ log = structlog.get_logger("notifications_retry.worker")
 class FlowFeedback:
     """What an outcome tells its channel's flow control: throttling pauses it, failures may open its circuit.
 
-    Called on the worker's thread (an inline channel's outcome under the dispatcher's settle lock);
+    Called on the worker's thread (an inline channel's outcome in its claim's task of the send loop);
     returns the queued records the channel must not send now (they are given back or rescheduled).
     """
 
