@@ -205,7 +205,14 @@ class Claims:
         except Exception as exc:  # the tick may be ending on an error already: say this one, keep that one
             bound.error("claim-failed", error=f"{type(exc).__name__}: {exc}"[:300])
         finally:
-            self.under_way = []
+            # After a failure, a claim may still be under way: cancelled, its transaction is rolled back
+            # (its rows come back as they were), and its connection is free for the next tick.
+            left, self.under_way = self.under_way, []
+            for claim in left:
+                claim.task.cancel()
+            if left:
+                tasks = [claim.task for claim in left]
+                left[0].connection.loop.run(asyncio.gather(*tasks, return_exceptions=True))
             if self.beside_connection is not None:
                 self.beside_connection.close()
 
