@@ -133,6 +133,8 @@ class Claims:
         self.under_way: list[RunningClaim] = []
         #: Whether claims run two at a time now (inline channels with a backlog).
         self.paired = False
+        #: The second connection could not be opened this tick: no claim runs beside until the next.
+        self.beside_refused = False
         #: The tick's channels and stats (set by :meth:`begin_tick`).
         self.runtimes: dict[int, ChannelRuntime] = {}
         self.stats: TickStats
@@ -142,7 +144,7 @@ class Claims:
     def begin_tick(
         self, runtimes: dict[int, ChannelRuntime], stats: TickStats, partitions: Partitions | None = None
     ) -> None:
-        self.under_way, self.paired = [], False
+        self.under_way, self.paired, self.beside_refused = [], False, False
         self.runtimes, self.stats, self.partitions = runtimes, stats, partitions
 
     @property
@@ -260,7 +262,7 @@ class Claims:
             connection.connect()
         except psycopg.Error as exc:
             bound.warning("claim-beside-unavailable", error=first_line(exc))
-            self.paired = False
+            self.paired, self.beside_refused = False, True
             return False
         return True
 
@@ -372,7 +374,7 @@ class Claims:
             return
         # A full claim of inline channels alone: a backlog, worth a second claimer from now on.
         inline = all(runtimes[p.channel_id].inline for p in plan)
-        self.paired = self.beside_connection is not None and full and inline
+        self.paired = self.beside_connection is not None and not self.beside_refused and full and inline
         if not batch.more and not batch.poisoned and len(batch.records) + len(batch.settled) < remaining:
             for p in plan:
                 if got.get(p.channel_id, 0) < p.limit:

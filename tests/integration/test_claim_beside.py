@@ -93,8 +93,12 @@ def test_paired_claims_keep_to_the_batch_size(small_chunks, claims_seen, clock):
     assert_delivered_once([r for r in rows if r.pk in sent])
 
 
-def fail_beside_once(monkeypatch: pytest.MonkeyPatch, worker: Worker) -> list[int]:
-    """Make the first claim on the worker's second connection fail as a dropped connection does."""
+@pytest.fixture
+def beside_fails_once(small_chunks, monkeypatch, clock):
+    """200 due stub rows and a worker whose first claim on its second connection fails as a dropped
+    connection does; yields (rows, worker, the failed claims' backend pids)."""
+    rows = stub_rows(clock, "bulk", 200)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
     real = claiming.claim_due_async
     failed: list[int] = []
 
@@ -105,21 +109,17 @@ def fail_beside_once(monkeypatch: pytest.MonkeyPatch, worker: Worker) -> list[in
         return await real(conn, *args, **kwargs)
 
     monkeypatch.setattr(claiming, "claim_due_async", failing_once)
-    return failed
+    try:
+        yield rows, worker, failed
+    finally:
+        worker.close()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_claim_beside_that_fails_is_redone_on_djangos_connection_and_the_tick_goes_on(
-    small_chunks, monkeypatch, clock
-):
-    rows = stub_rows(clock, "bulk", 200)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
-    failed = fail_beside_once(monkeypatch, worker)
-    try:
-        with capture_logs() as logs:
-            [stats] = worker.run(once=True)
-    finally:
-        worker.close()
+def test_a_claim_beside_that_fails_is_redone_on_djangos_connection_and_the_tick_goes_on(beside_fails_once):
+    rows, worker, failed = beside_fails_once
+    with capture_logs() as logs:
+        [stats] = worker.run(once=True)
     assert failed, "the claim beside was made and failed"
     [fallback] = [e for e in logs if e["event"] == "claim-fallback"]
     assert fallback["fallback"] == "django-connection" and "server closed" in fallback["error"]
@@ -128,12 +128,8 @@ def test_a_claim_beside_that_fails_is_redone_on_djangos_connection_and_the_tick_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_claim_beside_whose_redo_fails_too_ends_the_tick_and_loses_nothing(
-    small_chunks, monkeypatch, clock
-):
-    rows = stub_rows(clock, "bulk", 200)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
-    failed = fail_beside_once(monkeypatch, worker)
+def test_a_claim_beside_whose_redo_fails_too_ends_the_tick_and_loses_nothing(beside_fails_once, monkeypatch):
+    rows, worker, failed = beside_fails_once
     real = ports.claim_due
     redone: list[int] = []
 
@@ -144,14 +140,34 @@ def test_a_claim_beside_whose_redo_fails_too_ends_the_tick_and_loses_nothing(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ports, "claim_due", failing_redo)
+    [first] = worker.run(once=True)
+    assert redone and first.error, "the redo's error reached the tick"
+    assert first.sent < 200
+    [second] = worker.run(once=True)
+    assert first.sent + second.sent == 200
+    assert_delivered_once(rows)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_connection_that_cannot_be_opened_leaves_the_claims_one_at_a_time(
+    small_chunks, claims_seen, clock, monkeypatch
+):
+    rows = stub_rows(clock, "bulk", 200)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+
+    def refused() -> None:
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(worker.beside_connection, "connect", refused)
     try:
-        [first] = worker.run(once=True)
-        assert redone and first.error, "the redo's error reached the tick"
-        assert first.sent < 200
-        [second] = worker.run(once=True)
+        with capture_logs() as logs:
+            [stats] = worker.run(once=True)
     finally:
         worker.close()
-    assert first.sent + second.sent == 200
+    [unavailable] = [e for e in logs if e["event"] == "claim-beside-unavailable"]
+    assert unavailable["error"] == "OperationalError: connection refused"
+    assert stats.sent == 200 and not stats.error
+    assert len({pid for _, pid, _ in claims_seen}) == 1, "every claim on the claims' own connection"
     assert_delivered_once(rows)
 
 
