@@ -1,6 +1,7 @@
 """A worker draining webhook rows runs one thread, its own: it runs the send loop, whose tasks are the
-calls, the claims and the commits (the issue's bound is two). Read from ``/proc/<pid>/task`` of a real
-``retry_worker`` process."""
+calls, the claims and the commits (the issue's bound is two). So does one draining a backlog of inline
+rows, with two claims under way at once. Read from ``/proc/<pid>/task`` of a real ``retry_worker``
+process."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from notifications_retry.models import NotificationEntity
+from notifications_retry.models import ChannelConfig, NotificationEntity
 from tests.process.conftest import StartWorker, seed_due
 from tests.process.helpers import webhook_channel
 from tests.support.http_server import Reply, ScriptedServer
@@ -53,6 +54,30 @@ def test_a_webhook_drain_runs_one_thread(start_worker: StartWorker, slow_receive
             break
         time.sleep(0.01)
     assert NotificationEntity.objects.filter(status=NotificationEntity.Status.SENT).count() == ROWS
+    assert len(samples) >= 10, "the drain was sampled while it ran"
+    assert max(samples) == 1, sorted(set(samples))
+    assert worker.alive()
+
+
+INLINE_ROWS = 20_000
+
+
+def test_an_inline_backlog_runs_one_thread_with_two_claims_under_way(start_worker: StartWorker):
+    channel = ChannelConfig.objects.create(key="inbox", provider_key="in_app", max_attempts=5)
+    seed_due(channel, INLINE_ROWS)
+    # Claims of 100 rows come back full: from the first on, two are under way at once.
+    worker = start_worker(
+        ["--batch-size", str(INLINE_ROWS * 2), "--max-duration", "120"],
+        {"INTERVAL_SECONDS": 60.0, "CLAIM_CHUNK_SIZE": 100},
+    )
+    sent = NotificationEntity.objects.filter(status=NotificationEntity.Status.SENT)
+    samples: list[int] = []
+    deadline = time.monotonic() + 120
+    wait_until(lambda: sent.exists(), 60, message="the first row sent")
+    while time.monotonic() < deadline and sent.count() < INLINE_ROWS:
+        samples.append(threads_of(worker.pid))
+        time.sleep(0.01)
+    assert sent.count() == INLINE_ROWS
     assert len(samples) >= 10, "the drain was sampled while it ran"
     assert max(samples) == 1, sorted(set(samples))
     assert worker.alive()
