@@ -323,11 +323,13 @@ class Dispatcher:
             delay = rt.start_delay(loop_time())  # a burst of starts is spread (engine.flow_control)
             if delay > 0:
                 await asyncio.sleep(delay)
-                if not self._may_send():  # stopped or lost meanwhile: back in line, never sent
-                    rt.inflight, self.running = rt.inflight - 1, self.running - 1
-                    rt.queue.appendleft(record)
-                    self.send_loop().signal()
-                    return
+            # Asked again however short the wait: a start's first step may come a while after the pass
+            # that made it a task. Stopped or lost meanwhile: back in line, never sent.
+            if not self._may_send():
+                rt.inflight, self.running = rt.inflight - 1, self.running - 1
+                rt.queue.appendleft(record)
+                self.send_loop().signal()
+                return
             started = loop_time()
             outcome = await self.executor.send_async(rt, record)
             rt.pacer.observe(loop_time() - started)

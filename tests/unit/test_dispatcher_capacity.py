@@ -182,11 +182,16 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     loop = SteppedLoop()
 
     now = [0.0]
-    executor = _Executor()
+
+    class _FrozenDuringTheCall(_Executor):
+        async def send_async(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+            now[0] = 120.0  # frozen for two minutes during the call
+            return await super().send_async(rt, record)
+
+    executor = _FrozenDuringTheCall()
     dispatcher = dispatcher_on(loop, executor, monotonic=lambda: now[0], completer=None)
     dispatcher.ownership = Ownership(lambda: now[0], idle_session_timeout=90)
     dispatcher.ownership.begin(0.0)
-    now[0] = 120.0  # frozen for two minutes during the call
     rt = runtime(max_concurrency=1)
     first, *queued = [record() for _ in range(3)]
     rt.queue.extend(queued)

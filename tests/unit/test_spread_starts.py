@@ -114,3 +114,37 @@ def test_a_lock_lost_during_a_spread_burst_gives_back_what_had_not_started_and_t
     assert sorted(o.record.id for o in db.committed) == sorted(executor.sent)
     assert not db.leased and len(db.due[1]) == 40 - len(executor.sent)
     assert rt.inflight == 0 and not rt.queue
+
+
+def test_a_stop_between_a_starts_spawn_and_its_first_step_sends_nothing_even_unspread():
+    """A start's first step may come a while after the dispatcher's pass that made it a task (a loaded
+    machine): with no spread at all (no call has ended yet), it still asks whether it may send."""
+    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.engine.ownership import Ownership
+
+    time, loop, stop = FakeTime(), SteppedLoop(), [False]
+    db = FakeDatabase(time)
+    rt = _webhook_channel(max_concurrency=4)
+    rt.reset_for_tick(rt.config)
+    rt.queue.extend(db.add(1, 6))
+    executor = AnswersAtOnce(time)
+    completer = Completer(
+        clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
+        commit=db.commit,
+    )  # fmt: skip
+    dispatcher = Dispatcher(
+        conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
+        send_loop=lambda: loop, monotonic=time.monotonic, stopping=lambda: stop[0], lane_priorities=None,
+        db=db, sleep=time.sleep,
+    )  # fmt: skip
+    dispatcher.ownership = Ownership(time.monotonic, 90.0)
+    dispatcher.ownership.begin(time.t)
+    try:
+        dispatcher._start({1: rt})
+        assert dispatcher.running == 4 and len(rt.queue) == 2, "four starts made tasks, not yet run"
+        stop[0] = True
+        loop.pause(0.0)
+    finally:
+        loop.close()
+    assert executor.sent == [], "no start went out after the stop"
+    assert len(rt.queue) == 6 and dispatcher.running == 0 and rt.inflight == 0, "all back in line"
