@@ -57,17 +57,15 @@ class _TimedAnswers(AnswersAtOnce):
         return await super().send_async(rt, record)
 
 
-def _paced_tick(
-    time: FakeTime, db: FakeDatabase, executor: AnswersAtOnce, rt: ChannelRuntime, **run: Any
-) -> TickStats:
-    """One tick of ``rt`` on a real send loop, its starts spread (a mean call time of 12 ms)."""
-    from notifications_retry.asyncio_bridge import SteppedLoop
+def _dispatcher(
+    time: FakeTime, db: FakeDatabase, executor: AnswersAtOnce, loop: Any, stopping: Any
+) -> tuple[Dispatcher, Completer]:
+    """The real dispatcher on ``loop`` (a real send loop), the fake clock and database, and its completer."""
 
     def sleep(seconds: float) -> None:
         assert time.t < 60, "the tick went on past every bound"
         time.sleep(seconds)
 
-    loop = SteppedLoop()
     completer = Completer(
         clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
         commit=db.commit,
@@ -75,8 +73,19 @@ def _paced_tick(
     dispatcher = Dispatcher(
         conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
         send_loop=lambda: loop, monotonic=time.monotonic, lane_priorities=None, db=db, sleep=sleep,
-        stopping=run.pop("stopping", lambda: False),
+        stopping=stopping,
     )  # fmt: skip
+    return dispatcher, completer
+
+
+def _paced_tick(
+    time: FakeTime, db: FakeDatabase, executor: AnswersAtOnce, rt: ChannelRuntime, **run: Any
+) -> TickStats:
+    """One tick of ``rt`` on a real send loop, its starts spread (a mean call time of 12 ms)."""
+    from notifications_retry.asyncio_bridge import SteppedLoop
+
+    loop = SteppedLoop()
+    dispatcher, completer = _dispatcher(time, db, executor, loop, run.pop("stopping", lambda: False))
     stats = TickStats(run_id="paced")
     dispatcher.reporter.begin_tick(stats, Log())
     rt.reset_for_tick(rt.config)
@@ -128,15 +137,7 @@ def test_a_stop_between_a_starts_spawn_and_its_first_step_sends_nothing_even_uns
     rt.reset_for_tick(rt.config)
     rt.queue.extend(db.add(1, 6))
     executor = AnswersAtOnce(time)
-    completer = Completer(
-        clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
-        commit=db.commit,
-    )  # fmt: skip
-    dispatcher = Dispatcher(
-        conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
-        send_loop=lambda: loop, monotonic=time.monotonic, stopping=lambda: stop[0], lane_priorities=None,
-        db=db, sleep=time.sleep,
-    )  # fmt: skip
+    dispatcher, _ = _dispatcher(time, db, executor, loop, lambda: stop[0])
     dispatcher.ownership = Ownership(time.monotonic, 90.0)
     dispatcher.ownership.begin(time.t)
     try:
