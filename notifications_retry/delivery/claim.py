@@ -44,11 +44,11 @@ from notifications_retry.delivery.claim_statements import (
     TenantCaps,
     claim_query,
 )
-from notifications_retry.delivery.finalize import NeedsDjango, connection_lost, outcome_steps, reachable
+from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
 from notifications_retry.delivery.lapsed_leases import lapsed_leases_query, recovery_group
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
-from notifications_retry.delivery.suppression import gone_mailboxes, suppressed_steps
+from notifications_retry.delivery.suppression import suppressed_steps
 from notifications_retry.exception_chain import first_line
 from notifications_retry.outcomes import (
     TERMINAL,
@@ -157,16 +157,12 @@ async def claim_due_async(
     settle: Settle | None = None,
 ) -> ClaimBatch:
     """Lease up to ``total`` due rows by ``plan`` on ``conn`` as :func:`claim_due` does, ``settle``
-    included (the settled rows' events written by ``COPY``, as on Django's connection); raises what
-    psycopg raised, or :class:`NeedsDjango` for an outcome whose write needs Django's ORM (a gone
-    mailbox's suppression), the transaction rolled back: the caller redoes the claim through
-    :func:`claim_due` (without ``settle`` if this one delivered any record: they are leased and
-    sent again, as :func:`claim_due` does when writing its outcomes fails)."""
+    included (the settled rows' events written by ``COPY``); raises what psycopg raised, or
+    :class:`~notifications_retry.delivery.finalize.NeedsDjango` (``outcome_steps``), the transaction
+    rolled back: the caller redoes the claim through :func:`claim_due`."""
     plan = [p for p in plan if p.limit > 0]
     if not plan or total <= 0:
         return ClaimBatch([], [])
-    if settle is not None:
-        settle = _without_orm(settle)
     claim = _Claim(
         now,
         budgets,
@@ -177,20 +173,8 @@ async def claim_due_async(
         partitions,
         server_version=conn.info.server_version,
     )
-    steps = bounded(claim.steps(plan, total, settle))
+    steps = bounded(claim.steps(plan, total, settle, orm=False))
     return await run_transaction_async(conn, steps, copy=settle is not None)
-
-
-def _without_orm(settle: Settle) -> Settle:
-    """``settle``, refusing (:class:`NeedsDjango`) an outcome that only Django's connection can write."""
-
-    def settled(record: ClaimedRecord) -> Outcome | None:
-        outcome = settle(record)
-        if outcome is not None and gone_mailboxes([outcome]):
-            raise NeedsDjango("a gone mailbox is suppressed through Django's ORM")
-        return outcome
-
-    return settled
 
 
 class _Claim:
@@ -250,9 +234,16 @@ class _Claim:
             return run_steps(self.steps(plan, total, settle, only), cursor)
 
     def steps(
-        self, plan: Sequence[ChannelClaim], total: int, settle: Settle | None, only: uuid.UUID | None = None
+        self,
+        plan: Sequence[ChannelClaim],
+        total: int,
+        settle: Settle | None,
+        only: uuid.UUID | None = None,
+        *,
+        orm: bool = True,
     ) -> Steps[ClaimBatch]:
-        """The claim's statements (delivery.statements), inside the caller's bounded transaction."""
+        """The claim's statements (delivery.statements), inside the caller's bounded transaction
+        (``orm``: as :func:`~notifications_retry.delivery.finalize.outcome_steps` takes it)."""
         token = uuid.uuid4()
         sql, params = self.query(plan, total, only)
         records: list[ClaimedRecord] = []
@@ -287,7 +278,7 @@ class _Claim:
             leased = {"token": token, "now": self.now, "ids": ",".join(ids), "leases": ",".join(leases)}
             yield Statement(CLAIM_UPDATE, leased, rows=False)
         if settled:
-            yield from outcome_steps(settled, self.now, guarded=False)
+            yield from outcome_steps(settled, self.now, guarded=False, orm=orm)
         return ClaimBatch(records, settled, more)
 
     def _record(self, row: Sequence[Any]) -> tuple[ClaimedRecord, float, Failure | None]:

@@ -156,11 +156,17 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
     return applied
 
 
-def outcome_steps(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> Steps[list[Outcome]]:
+def outcome_steps(
+    outcomes: Sequence[Outcome], now: datetime, *, guarded: bool, orm: bool = True
+) -> Steps[list[Outcome]]:
     """The statements that write outcomes and their events (delivery.statements); returns those applied.
 
-    ``guarded``: only where the row's claim token is still the outcome's.
+    ``guarded``: only where the row's claim token is still the outcome's. ``orm``: False on a
+    connection of the send loop, where an outcome whose write needs Django's ORM (a gone mailbox's
+    suppression) raises :class:`NeedsDjango` before any statement, and the caller writes it there.
     """
+    if not orm and gone_mailboxes(outcomes):
+        raise NeedsDjango("a gone mailbox is suppressed through Django's ORM")
     at = now.isoformat()
     sent_status, failed_status = NotificationEntity.Status.SENT.value, NotificationEntity.Status.FAILED.value
     rows: list[dict[str, Any]] = []
@@ -303,9 +309,7 @@ def commit_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Outco
     """A bulk finalize's statements: the outcomes and their events, the endpoint health window;
     returns the outcomes applied. Raises :class:`NeedsDjango` (the
     transaction then rolls back) where Django's ORM has to write: a suppression, a health change."""
-    if gone_mailboxes(outcomes):
-        raise NeedsDjango("a gone mailbox is suppressed through Django's ORM")
-    applied = yield from outcome_steps(outcomes, now, guarded=True)
+    applied = yield from outcome_steps(outcomes, now, guarded=True, orm=False)
     if (yield from health.window_steps(applied, now)):
         raise NeedsDjango("an endpoint's health change is written through Django's ORM")
     return applied

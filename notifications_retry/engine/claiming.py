@@ -58,19 +58,15 @@ _REDONE = (psycopg.Error, NeedsDjango, NotConnected)
 class ClaimConnection(LoopConnection):
     """Claims awaited on the worker's send loop, on a connection of their own (engine.loop_connection)."""
 
-    def claim(self, now: Any, plan: Sequence[ChannelClaim], **options: Any) -> ClaimBatch:
-        """Run the claim on the send loop (the calls in flight go on meanwhile); raises psycopg's errors
-        and :class:`~notifications_retry.delivery.NeedsDjango`.
+    async def claim(
+        self, now: Any, plan: Sequence[ChannelClaim], *, connect: bool, **options: Any
+    ) -> ClaimBatch:
+        """The claim, awaited on the send loop (the calls in flight go on meanwhile); raises psycopg's
+        errors, :class:`~notifications_retry.delivery.NeedsDjango`, and (``connect=False``, a claim in
+        the background) :class:`NotConnected` when the connection is not open.
 
         ``options``: :func:`~notifications_retry.delivery.claim_due_async`'s own.
         """
-        return self.loop.run(self.claim_async(now, plan, connect=True, **options))
-
-    async def claim_async(
-        self, now: Any, plan: Sequence[ChannelClaim], *, connect: bool, **options: Any
-    ) -> ClaimBatch:
-        """:meth:`claim` as a task of the loop; ``connect=False`` (a claim in the background) raises
-        :class:`NotConnected` when the connection is not open."""
         return await self.run(lambda conn: claim_due_async(conn, now, plan, **options), connect=connect)
 
 
@@ -278,14 +274,17 @@ class Claims:
             "partitions": self.partitions,
         }
 
-    def _settler(self, pending: list[Outcome]) -> Callable[[ClaimedRecord], Outcome | None]:
+    def _settler(self, attempt: Attempt) -> Callable[[ClaimedRecord], Outcome | None]:
         """Delivers an inline channel's record inside its claim (providers without I/O: one row write
-        instead of lease + finalize); its deferred records' outcomes go to ``pending``."""
-        runtimes, settle_one = self.runtimes, self.settle_one
+        instead of lease + finalize), counted in ``attempt``; deferred records' outcomes go to its
+        ``pending``."""
+        runtimes, settle_one, pending = self.runtimes, self.settle_one, attempt.pending
 
         def settle(record: ClaimedRecord) -> Outcome | None:
             rt = runtimes[record.channel_id]
-            return settle_one(rt, record, pending) if rt.inline else None
+            outcome = settle_one(rt, record, pending) if rt.inline else None
+            attempt.delivered += outcome is not None
+            return outcome
 
         return settle
 
@@ -299,24 +298,20 @@ class Claims:
         connect: bool,
     ) -> Attempt:
         """One claim on ``connection``, never raising what makes it be redone on Django's connection."""
-        pending: list[Outcome] = []
-        settle = self._settler(pending)
-        attempt = Attempt(None, pending)
-
-        def counted(record: ClaimedRecord) -> Outcome | None:
-            outcome = settle(record)
-            attempt.delivered += outcome is not None
-            return outcome
-
+        attempt = Attempt(None, [])
         inline = any(self.runtimes[p.channel_id].inline for p in plan)
         options = self._options(total, skip)
         try:
-            attempt.batch = await connection.claim_async(
-                self.now(), plan, connect=connect, settle=counted if inline else None, **options
+            attempt.batch = await connection.claim(
+                self.now(),
+                plan,
+                connect=connect,
+                settle=self._settler(attempt) if inline else None,
+                **options,
             )
         except _REDONE as exc:
             attempt.error = exc
-            pending.clear()  # the claim rolled back: its rows come again
+            attempt.pending.clear()  # the claim rolled back: its rows come again
         return attempt
 
     def _redo(
@@ -330,10 +325,10 @@ class Claims:
         error = attempt.error
         if error is not None and not isinstance(error, NeedsDjango | NotConnected):
             bound.warning("claim-fallback", fallback="django-connection", error=first_line(error))
-        pending: list[Outcome] = []
-        settle = self._settler(pending) if not attempt.delivered else None
+        redone = Attempt(None, [])
+        settle = self._settler(redone) if not attempt.delivered else None
         options = self._options(total, skip)
-        return self.db.claim(self.now(), plan, settle=settle, log=bound, **options), pending
+        return self.db.claim(self.now(), plan, settle=settle, log=bound, **options), redone.pending
 
     def _take(
         self,

@@ -249,3 +249,39 @@ def test_two_inline_sends_never_run_at_once(settings, small_chunks, claims_seen,
     assert OverlapProvider.threads == {threading.current_thread().name}
     assert OverlapProvider.most == 1, "the two claims' settling takes turns on the one thread"
     assert_delivered_once(rows)
+
+
+class GoneMailboxProvider(StubProvider):
+    """An inline provider whose every recipient's mailbox is gone."""
+
+    key = "gone"
+
+    def send(self, message):
+        from notifications_retry.exceptions import PermanentProviderError
+
+        raise PermanentProviderError(
+            "SMTP 550 at RCPT TO: 5.1.1 No such user here", kind="mailbox_unavailable"
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gone_mailbox_settled_in_a_claim_on_the_loop_is_written_on_djangos_connection(settings, clock):
+    from notifications_retry.addresses import normalize_recipient
+    from notifications_retry.models import Suppression
+
+    settings.NOTIFICATIONS_RETRY = {
+        **settings.NOTIFICATIONS_RETRY,
+        "PROVIDERS": {"gone": f"{__name__}.GoneMailboxProvider"},
+    }
+    rows = due_notifications(clock, ChannelFactory(key="mail", provider_key="gone"), 3)
+    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
+    try:
+        [stats] = worker.run(once=True)
+    finally:
+        worker.close()
+    assert stats.terminal == 3 and not stats.error
+    ids = [r.pk for r in rows]
+    kinds = set(NotificationEntity.objects.filter(pk__in=ids).values_list("error_kind", flat=True))
+    assert kinds == {"mailbox_unavailable"}
+    addresses = {normalize_recipient(r.recipient) for r in rows}
+    assert set(Suppression.objects.values_list("address", flat=True)) == addresses

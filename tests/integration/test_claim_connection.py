@@ -33,9 +33,10 @@ def webhook_rows(clock: Any, url: str, count: int) -> list[NotificationEntity]:
 
 
 def claim_ten(claims: ClaimConnection, channel: Any, clock: Any) -> Any:
-    return claims.claim(
+    claim = claims.claim(
         clock.now(),
         [ChannelClaim(channel.pk, 10, 60.0)],
+        connect=True,
         total=10,
         budgets={channel.pk: (5, "hook")},
         attempts_by_type={},
@@ -43,6 +44,7 @@ def claim_ten(claims: ClaimConnection, channel: Any, clock: Any) -> Any:
         skip=(),
         max_payload_bytes=1_000_000,
     )
+    return claims.loop.run(claim)
 
 
 def test_the_send_loop_runs_while_the_claim_waits_for_the_server(clock):
