@@ -5,8 +5,10 @@ and a claim that comes back short beside another never ends the tick early."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import psycopg
@@ -45,6 +47,31 @@ def claims_seen(monkeypatch):
     return seen
 
 
+@contextlib.contextmanager
+def worker_of(clock, batch_size: int = 1000) -> Iterator[Worker]:
+    """A worker on the test's clock, closed (its connections with it) when the block ends."""
+    worker = Worker(batch_size=batch_size, max_duration=60, clock=clock)
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
+def one_tick(clock, batch_size: int = 1000) -> Any:
+    """The stats of one ``--once`` tick of a fresh worker."""
+    with worker_of(clock, batch_size) as worker:
+        [stats] = worker.run(once=True)
+    return stats
+
+
+def use_provider(settings, key: str, provider: type) -> None:
+    """Register ``provider`` (a class of this module) under ``key``."""
+    settings.NOTIFICATIONS_RETRY = {
+        **settings.NOTIFICATIONS_RETRY,
+        "PROVIDERS": {key: f"{__name__}.{provider.__name__}"},
+    }
+
+
 def stub_rows(clock, key: str, count: int) -> list[NotificationEntity]:
     return due_notifications(clock, ChannelFactory(key=key, provider_key="stub"), count)
 
@@ -65,12 +92,9 @@ def test_an_inline_backlog_is_claimed_on_two_connections_of_one_thread_and_every
 ):
     rows = stub_rows(clock, "bulk", 260) + stub_rows(clock, "few", 30)
     threads_before = set(threading.enumerate())
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
-    try:
+    with worker_of(clock) as worker:
         [stats] = worker.run(once=True)
         assert not worker.beside_connection.open, "the claim beside closes its connection with the tick"
-    finally:
-        worker.close()
     assert stats.sent == stats.processed == stats.claims == 290 and not stats.error
     assert {name for name, _, got in claims_seen if got} == {threading.current_thread().name}
     assert len({pid for _, pid, got in claims_seen if got}) == 2, "two connections claimed"
@@ -81,11 +105,7 @@ def test_an_inline_backlog_is_claimed_on_two_connections_of_one_thread_and_every
 @pytest.mark.django_db(transaction=True)
 def test_paired_claims_keep_to_the_batch_size(small_chunks, claims_seen, clock):
     rows = stub_rows(clock, "bulk", 300)
-    worker = Worker(batch_size=130, max_duration=60, clock=clock)
-    try:
-        [stats] = worker.run(once=True)
-    finally:
-        worker.close()
+    stats = one_tick(clock, batch_size=130)
     assert len({pid for _, pid, _ in claims_seen}) == 2
     assert stats.claims == stats.sent == 130
     sent = set(NotificationEntity.objects.filter(status=Status.SENT).values_list("pk", flat=True))
@@ -98,21 +118,18 @@ def beside_fails_once(small_chunks, monkeypatch, clock):
     """200 due stub rows and a worker whose first claim on its second connection fails as a dropped
     connection does; yields (rows, worker, the failed claims' backend pids)."""
     rows = stub_rows(clock, "bulk", 200)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
     real = claiming.claim_due_async
     failed: list[int] = []
+    with worker_of(clock) as worker:
 
-    async def failing_once(conn: Any, *args: Any, **kwargs: Any) -> Any:
-        if conn is worker.beside_connection._conn and not failed:
-            failed.append(conn.info.backend_pid)
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return await real(conn, *args, **kwargs)
+        async def failing_once(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if conn is worker.beside_connection._conn and not failed:
+                failed.append(conn.info.backend_pid)
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return await real(conn, *args, **kwargs)
 
-    monkeypatch.setattr(claiming, "claim_due_async", failing_once)
-    try:
+        monkeypatch.setattr(claiming, "claim_due_async", failing_once)
         yield rows, worker, failed
-    finally:
-        worker.close()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -153,17 +170,13 @@ def test_a_second_connection_that_cannot_be_opened_leaves_the_claims_one_at_a_ti
     small_chunks, claims_seen, clock, monkeypatch
 ):
     rows = stub_rows(clock, "bulk", 200)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
 
     def refused() -> None:
         raise psycopg.OperationalError("connection refused")
 
-    monkeypatch.setattr(worker.beside_connection, "connect", refused)
-    try:
-        with capture_logs() as logs:
-            [stats] = worker.run(once=True)
-    finally:
-        worker.close()
+    with worker_of(clock) as worker, capture_logs() as logs:
+        monkeypatch.setattr(worker.beside_connection, "connect", refused)
+        [stats] = worker.run(once=True)
     [unavailable] = [e for e in logs if e["event"] == "claim-beside-unavailable"]
     assert unavailable["error"] == "OperationalError: connection refused"
     assert stats.sent == 200 and not stats.error
@@ -191,12 +204,9 @@ def test_claims_are_one_at_a_time_inside_a_transaction_or_when_turned_off(
 
     monkeypatch.setattr(ports, "claim_due", recording)
     rows = stub_rows(clock, "bulk", 90)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
-    assert worker.dispatcher.claims.beside_connection is None
-    try:
+    with worker_of(clock) as worker:
+        assert worker.dispatcher.claims.beside_connection is None
         [stats] = worker.run(once=True)
-    finally:
-        worker.close()
     assert stats.sent == 90
     if claim_thread:  # inside a test's transaction: Django's connection alone sees the rows
         assert on_django and not claims_seen
@@ -233,17 +243,10 @@ class OverlapProvider(StubProvider):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_inline_sends_never_run_at_once(settings, small_chunks, claims_seen, clock):
-    settings.NOTIFICATIONS_RETRY = {
-        **settings.NOTIFICATIONS_RETRY,
-        "PROVIDERS": {"overlap": f"{__name__}.OverlapProvider"},
-    }
+    use_provider(settings, "overlap", OverlapProvider)
     OverlapProvider.most, OverlapProvider.threads = 0, set()
     rows = due_notifications(clock, ChannelFactory(key="bulk", provider_key="overlap"), 200)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
-    try:
-        [stats] = worker.run(once=True)
-    finally:
-        worker.close()
+    stats = one_tick(clock)
     assert stats.sent == 200
     assert len({pid for _, pid, _ in claims_seen}) == 2, "two claims settled side by side"
     assert OverlapProvider.threads == {threading.current_thread().name}
@@ -269,16 +272,9 @@ def test_a_gone_mailbox_settled_in_a_claim_on_the_loop_is_written_on_djangos_con
     from notifications_retry.addresses import normalize_recipient
     from notifications_retry.models import Suppression
 
-    settings.NOTIFICATIONS_RETRY = {
-        **settings.NOTIFICATIONS_RETRY,
-        "PROVIDERS": {"gone": f"{__name__}.GoneMailboxProvider"},
-    }
+    use_provider(settings, "gone", GoneMailboxProvider)
     rows = due_notifications(clock, ChannelFactory(key="mail", provider_key="gone"), 3)
-    worker = Worker(batch_size=1000, max_duration=60, clock=clock)
-    try:
-        [stats] = worker.run(once=True)
-    finally:
-        worker.close()
+    stats = one_tick(clock)
     assert stats.terminal == 3 and not stats.error
     ids = [r.pk for r in rows]
     kinds = set(NotificationEntity.objects.filter(pk__in=ids).values_list("error_kind", flat=True))
