@@ -36,6 +36,7 @@ from bench.db import (
     reset_rows,
     setup_django,
 )
+from bench.engine_alone import sleep_drain
 from bench.receiver import Sink, http_drain
 
 PARTS = ["ceiling", "command", "latency", "rate", "claim", "memory"]
@@ -136,7 +137,8 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
         "database, no scheduling, no logging), then the worker with log events written by structlog\n"
         "itself (what docs/observability.md recommends for retry_worker processes; the target is\n"
         "checked on it, and what the example project's workers do), then routed through the stdlib\n"
-        "logging module, to show what that costs."
+        "logging module, to show what that costs; last, the engine alone: the same drain with a provider\n"
+        "that waits 20 ms on the send loop instead of posting (bench.engine_alone)."
     )
     for conc in args.concurrency:
         rows = args.latency_rows or max(3000, 300 * conc)
@@ -165,6 +167,13 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
             )
             if pipeline == "native" and ratio < target:
                 missed.append(f"latency c={conc}")
+        configure_logging("native")
+        alone = sleep_drain(rows, max_concurrency=conc)
+        print(
+            f"max_concurrency {conc:>3}, {rows:,} rows, the engine alone (a provider that waits 20 ms, "
+            f"no HTTP): {alone['rows_per_s']:>7,.0f} rows/s; ratio {alone['rows_per_s'] / bound:.0%}; "
+            f"worker CPU {alone['cpu_us_per_row']:.0f} µs/row, {alone['cpu_share']:.0%} of a core"
+        )
     configure_logging("stdlib")
 
 

@@ -53,6 +53,8 @@ NOTIFICATIONS_RETRY: dict[str, object] = {
     "CLOCK": "system",
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
     "WORKER_THREADS": 64,
+    # The engine without HTTP (bench.engine_alone): an asynchronous provider that only waits.
+    "PROVIDERS": {"bench_sleep": "bench.engine_alone.SleepProvider"},
 }
 # Worker subprocesses of the crash benchmark get a few settings more (a short lease grace) as JSON.
 NOTIFICATIONS_RETRY.update(json.loads(os.environ.get("NR_BENCH_SETTINGS_JSON") or "{}"))
