@@ -1,4 +1,5 @@
-"""The triage console on a real PostgreSQL: lists, filters, detail, actions, channels, outbox, dashboard."""
+"""The triage console on a real PostgreSQL: the list, its filters and search, and the detail page
+(the actions: test_admin_actions.py)."""
 
 from __future__ import annotations
 
@@ -8,109 +9,25 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from notifications_retry.events import dispatched_event
 from notifications_retry.models import (
     DeadLetterAction,
     NotificationEntity,
-    Outbox,
 )
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.admin_pages import (
+    CHANGELIST,
+    admin_user,  # noqa: F401  (a fixture: the superuser without a password)
+    dead_letter,
+    ids_in,
+    outbox_event,
+    staff,
+)
 
 pytestmark = pytest.mark.django_db
-
-CHANGELIST = "admin:notifications_retry_notificationentity_changelist"
-DASHBOARD = "admin:notifications_retry_notificationentity_dashboard"
-
-
-@pytest.fixture
-def admin_user(db: None) -> User:
-    """pytest-django's superuser, without a password (hashing one costs a second per test)."""
-    return User.objects.create_superuser("admin", "admin@example.com", password=None)
-
-
-def dead_letter(**fields: Any) -> NotificationEntity:
-    """A terminal Failed row, as the worker leaves it."""
-    now = timezone.now()
-    values: dict[str, Any] = {
-        "status": NotificationEntity.Status.FAILED,
-        "attempts": 3,
-        "error_kind": "http_4xx",
-        "last_error": "webhook answered HTTP 400",
-        "dead_lettered_at": now - timedelta(minutes=5),
-        "dead_letter_reason": "permanent failure",
-        "created_at": now - timedelta(hours=1),
-        "attempt_log": [
-            {
-                "at": (now - timedelta(minutes=20)).isoformat(),
-                "attempt": 1,
-                "outcome": "retry",
-                "error_kind": "timeout",
-                "error": "timed out",
-            },
-            {
-                "at": (now - timedelta(minutes=5)).isoformat(),
-                "attempt": 2,
-                "outcome": "failed",
-                "error_kind": "http_4xx",
-                "error": "webhook answered HTTP 400",
-            },
-        ],
-    }
-    values.update(fields)
-    return NotificationFactory(**values)  # type: ignore[no-any-return]
-
-
-def outbox_event(row: NotificationEntity, *, published: bool = False) -> Outbox:
-    """The event the worker writes for a Sent or dead-lettered row (the database checks it matches)."""
-    event = dispatched_event(
-        generation=row.requeue_count,
-        created_at=timezone.now(),
-        notification_id=row.pk,
-        tenant_id=row.tenant_id,
-        channel=row.channel.key,
-        status="Sent" if row.status == "sent" else "Failed",
-        attempts=row.attempts,
-        provider_message_id=row.provider_message_id,
-        error=row.last_error,
-        error_kind=row.error_kind,
-    )
-    event.save()
-    if published:
-        Outbox.objects.filter(pk=event.pk).update(published_at=timezone.now())
-        event.refresh_from_db()
-    return event
-
-
-def staff(*perms: str, username: str = "operator") -> Client:
-    """A logged-in staff client holding exactly ``perms`` (codenames of the app)."""
-    user = User.objects.create_user(username, is_staff=True)  # no password: no slow hashing
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="notifications_retry", codename__in=perms)
-    )
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def action(client: Client, name: str, ids: list[Any], query: str = "", **extra: Any) -> Any:
-    data: dict[str, Any] = {
-        "action": name,
-        "_selected_action": [str(i) for i in ids],
-        "index": "0",
-        "select_across": "0",
-        **extra,
-    }
-    return client.post(reverse(CHANGELIST) + query, data)
-
-
-def ids_in(response: Any) -> set[str]:
-    return {str(obj.pk) for obj in response.context["cl"].result_list}
 
 
 # --- list, filters, search -----------------------------------------------------------------------------
@@ -313,116 +230,3 @@ def test_detail_masks_recipient_without_view_recipient_permission() -> None:
     response = staff("view_notificationentity", "view_recipient", username="lead").get(url)
     assert response.status_code == 200
     assert b"+15551234567" in response.content
-
-
-# --- triage actions ------------------------------------------------------------------------------------
-
-
-def test_requeue_asks_for_a_reason_then_calls_the_service_and_logs() -> None:
-    row = dead_letter()
-    client = staff("view_notificationentity", "requeue_notificationentity")
-    confirm = action(client, "requeue_selected", [row.pk])
-    assert confirm.status_code == 200
-    assert confirm.context["total"] == 1 and confirm.context["eligible"] == 1
-    row.refresh_from_db()
-    assert row.dead_lettered_at is not None  # nothing happened yet
-
-    no_reason = action(client, "requeue_selected", [row.pk], confirm="yes", reason="")
-    assert no_reason.status_code == 200 and no_reason.context["form"].errors
-    row.refresh_from_db()
-    assert row.dead_lettered_at is not None
-
-    done = action(client, "requeue_selected", [row.pk], confirm="yes", reason="provider is back")
-    assert done.status_code == 302
-    row.refresh_from_db()
-    assert row.dead_lettered_at is None and row.attempts == 0 and row.requeue_count == 1
-    audit = DeadLetterAction.objects.get(notification=row)
-    assert (audit.action, audit.actor, audit.reason) == ("requeue", "operator", "provider is back")
-    entry = LogEntry.objects.get(object_id=str(row.pk))
-    assert "provider is back" in entry.get_change_message()
-    messages = [str(m) for m in client.get(done["Location"]).context["messages"]]
-    assert "Requeued 1 notification(s)." in messages
-
-
-def test_requeue_refuses_rows_in_the_wrong_state_with_a_message() -> None:
-    good = dead_letter()
-    sent = NotificationFactory(status="sent")
-    client = staff("view_notificationentity", "requeue_notificationentity")
-    confirm = action(client, "requeue_selected", [good.pk, sent.pk])
-    assert (confirm.context["eligible"], confirm.context["refused"]) == (1, 1)
-    done = action(client, "requeue_selected", [good.pk, sent.pk], confirm="yes", reason="retry")
-    page = client.get(done["Location"])
-    messages = [str(m) for m in page.context["messages"]]
-    assert "Requeued 1 notification(s)." in messages
-    assert any("Refused 1" in m and "not a dead letter (status sent)" in m for m in messages)
-    sent.refresh_from_db()
-    assert sent.status == "sent" and sent.requeue_count == 0
-    assert not LogEntry.objects.filter(object_id=str(sent.pk)).exists()
-
-
-def test_discard_marks_resolution_and_refuses_already_discarded() -> None:
-    row = dead_letter()
-    gone = dead_letter(resolution="discarded", resolved_at=timezone.now())
-    client = staff("view_notificationentity", "discard_notificationentity")
-    done = action(client, "discard_selected", [row.pk, gone.pk], confirm="yes", reason="spam campaign")
-    assert done.status_code == 302
-    row.refresh_from_db()
-    assert row.resolution == "discarded" and row.resolved_at is not None
-    messages = [str(m) for m in client.get(done["Location"]).context["messages"]]
-    assert "Discarded 1 notification(s)." in messages
-    assert any("already discarded" in m for m in messages)
-
-
-def test_apply_to_all_matching_the_filter_shows_count_and_respects_the_cap(settings: Any) -> None:
-    rows = [dead_letter(error_kind="http_4xx") for _ in range(3)]
-    other = dead_letter(error_kind="timeout")
-    client = staff("view_notificationentity", "requeue_notificationentity")
-    query = "?dead_letter=unresolved&error_kind=http_4xx"
-    confirm = action(client, "requeue_selected", [rows[0].pk], query, select_across="1")
-    assert confirm.status_code == 200
-    assert confirm.context["total"] == 3 and confirm.context["across"]
-    assert "match the current filter" in confirm.content.decode()
-
-    settings.NOTIFICATIONS_RETRY = {"BULK_ACTION_CAP": 2}
-    capped = action(
-        client, "requeue_selected", [rows[0].pk], query, select_across="1", confirm="yes", reason="x"
-    )
-    assert capped.status_code == 302
-    messages = [str(m) for m in client.get(capped["Location"]).context["messages"]]
-    assert any("cap for one action is 2" in m for m in messages)
-    assert NotificationEntity.objects.filter(dead_lettered_at__isnull=True).count() == 0
-
-    settings.NOTIFICATIONS_RETRY = {"BULK_ACTION_CAP": 3}
-    done = action(
-        client,
-        "requeue_selected",
-        [rows[0].pk],
-        query,
-        select_across="1",
-        confirm="yes",
-        reason="bad template fixed",
-    )
-    assert done.status_code == 302
-    assert set(
-        NotificationEntity.objects.filter(dead_lettered_at__isnull=True).values_list("pk", flat=True)
-    ) == {r.pk for r in rows}
-    other.refresh_from_db()
-    assert other.dead_lettered_at is not None
-
-
-def test_triage_from_the_detail_page() -> None:
-    row = dead_letter()
-    client = staff("view_notificationentity", "discard_notificationentity")
-    url = reverse("admin:notifications_retry_notificationentity_triage", args=[row.pk, "discard"])
-    page = client.get(url)
-    assert page.status_code == 200 and page.context["eligible"] == 1
-    done = client.post(url, {"reason": "duplicate", "confirm": "yes"})
-    assert done.status_code == 302
-    row.refresh_from_db()
-    assert row.resolution == "discarded"
-    assert (
-        client.get(
-            reverse("admin:notifications_retry_notificationentity_triage", args=[uuid.uuid4(), "discard"])
-        ).status_code
-        == 404
-    )

@@ -15,7 +15,7 @@ from django.utils import timezone
 from notifications_retry.delivery.triage import requeue
 from notifications_retry.models import BacklogSample, NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
-from tests.integration.test_admin import DASHBOARD, dead_letter, outbox_event
+from tests.support.admin_pages import DASHBOARD, dead_letter, outbox_event
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from notifications_retry.admin.chart import ago_label, axis_start, backlog_chart, time_ticks
 from notifications_retry.admin.dashboard import dashboard_context
 from notifications_retry.models import BacklogSample
-from tests.integration.test_admin import DASHBOARD
+from tests.support.admin_pages import DASHBOARD
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.get_fixed_timezone(0))
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from notifications_retry.admin.filters import status_class
 from notifications_retry.models import NotificationEntity
-from tests.integration.test_admin import (  # noqa: F401  (admin_user is a fixture)
+from tests.support.admin_pages import (  # noqa: F401  (admin_user is a fixture)
     CHANGELIST,
     admin_user,
     dead_letter,

@@ -18,7 +18,7 @@ from django.utils import timezone
 from notifications_retry.admin import backlog_chart, format_age
 from notifications_retry.models import BacklogSample, ChannelConfig, WorkerHeartbeat
 from tests.factories import ChannelFactory, NotificationFactory
-from tests.integration.test_admin import (  # noqa: F401  (admin_user is a fixture)
+from tests.support.admin_pages import (  # noqa: F401  (admin_user is a fixture)
     CHANGELIST,
     DASHBOARD,
     action,

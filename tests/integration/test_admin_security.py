@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from notifications_retry.models import DeadLetterAction, NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
-from tests.integration.test_admin import CHANGELIST, DASHBOARD, action, dead_letter, outbox_event, staff
+from tests.support.admin_pages import CHANGELIST, DASHBOARD, action, dead_letter, outbox_event, staff
 
 pytestmark = pytest.mark.django_db
 

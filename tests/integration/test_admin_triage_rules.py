@@ -12,7 +12,7 @@ from notifications_retry import api
 from notifications_retry.delivery import triage
 from notifications_retry.models import NotificationEntity
 from tests.factories import NotificationFactory
-from tests.integration.test_admin import action, dead_letter, staff
+from tests.support.admin_pages import action, dead_letter, staff
 
 pytestmark = pytest.mark.django_db
 

@@ -24,7 +24,6 @@ from notifications_retry.outbox.publishers import (
     get_publisher,
 )
 from notifications_retry.outbox.relay import Relay
-from tests.integration.test_relay import assert_order_per_key, make_events
 from tests.support.brokers import (
     NATS_PORT,
     RABBITMQ_PORT,
@@ -32,6 +31,7 @@ from tests.support.brokers import (
     NatsBox,
     RabbitMQBox,
 )
+from tests.support.outbox_events import assert_order_per_key, make_events
 from tests.support.processes import free_port
 from tests.support.tcp_proxy import TcpProxy
 

@@ -23,8 +23,8 @@ from tests.integration.test_broker_publishers import (
     assert_every_event_once_in_key_order,
     marked_event_ids,
 )
-from tests.integration.test_relay import assert_order_per_key, make_events
 from tests.support.brokers import NATS_PORT, RABBITMQ_PORT
+from tests.support.outbox_events import assert_order_per_key, make_events
 from tests.support.processes import REPO_ROOT, wait_until, worker_env
 from tests.support.tcp_proxy import TcpProxy
 

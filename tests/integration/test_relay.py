@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,53 +15,19 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from django.core.management import CommandError, call_command
 from django.db import connection
 from structlog.testing import capture_logs
 
 from notifications_retry import events
-from notifications_retry.delivery import triage
-from notifications_retry.engine.worker import Worker
-from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.models import Outbox
 from notifications_retry.outbox.publishers import HttpPublisher, LogPublisher, get_publisher
 from notifications_retry.outbox.publishers.http import KEY_HEADER
 from notifications_retry.outbox.relay import Relay
-from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import RecordedRequest, Reply, ScriptedServer
+from tests.support.outbox_events import assert_order_per_key, make_events
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATOR = jsonschema.Draft202012Validator(events.schema(), format_checker=jsonschema.FormatChecker())
-Status = NotificationEntity.Status
-
-
-def make_events(clock, keys: int, generations: int = 2) -> list[str]:
-    """``keys`` notifications with one event per generation each, created generation by generation.
-
-    Generation g < last is a terminal failure followed by an audited requeue; the last one is Sent.
-    Events of one key are therefore spread over the outbox, interleaved with other keys'.
-    """
-    channel = ChannelFactory(key="email", provider_key="stub", options={"fail": "permanent"}, max_attempts=3)
-    rows = [
-        NotificationFactory(
-            channel=channel,
-            status=Status.FAILED,
-            attempts=1,
-            next_attempt_at=clock.now() - timedelta(seconds=1),
-        )
-        for _ in range(keys)
-    ]
-    worker = Worker(clock=clock, rng=random.Random(1))
-    for generation in range(generations):
-        if generation == generations - 1:
-            channel.provider_key, channel.options = "in_app", {}
-            channel.save()
-        worker.tick()
-        if generation < generations - 1:
-            triage.requeue([r.pk for r in rows], actor="test", reason="again", now=clock.now())
-        clock.advance(1)
-    worker.close()
-    assert Outbox.objects.count() == keys * generations
-    return [str(r.pk) for r in rows]
 
 
 def http_relay(server: ScriptedServer, clock, **options) -> Relay:
@@ -76,19 +41,6 @@ def accepted(server: ScriptedServer, statuses: dict[int, int]) -> list[dict]:
     with server.lock:
         requests = list(server.requests)
     return [r.json() for i, r in enumerate(requests) if 200 <= statuses.get(i, 200) < 300]
-
-
-def assert_order_per_key(bodies: list[dict]) -> None:
-    """Counting each event at its first receipt, every key's events arrive in creation order."""
-    seen: set[str] = set()
-    per_key: dict[str, list[int]] = defaultdict(list)
-    for body in bodies:
-        if body["event_id"] in seen:
-            continue
-        seen.add(body["event_id"])
-        per_key[body["key"]].append(body["generation"])
-    for key, generations in per_key.items():
-        assert generations == sorted(generations), (key, generations)
 
 
 def assert_everything_published_once_each(server: ScriptedServer) -> None:
@@ -391,39 +343,3 @@ def test_a_relay_killed_mid_publish_republishes_and_never_skips(clock):
 
 
 # --- the command --------------------------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_command_once_drains_with_the_log_publisher(clock, capsys):
-    make_events(clock, keys=2)
-    call_command("outbox_relay", "--once", "--publisher", "log", "--batch-size", "3")
-    assert "published 4 event(s)" in capsys.readouterr().out
-    assert not Outbox.objects.filter(published_at__isnull=True).exists()
-
-
-@pytest.mark.django_db
-def test_command_once_exits_1_when_the_endpoint_is_down(clock, webhook_server, settings):
-    settings.NOTIFICATIONS_RETRY = {"OUTBOX_PUBLISHER": "http", "OUTBOX_PUBLISHER_OPTIONS": {"retries": 0}}
-    make_events(clock, keys=1)
-    webhook_server.responder = lambda r: Reply(500)
-    with pytest.raises(CommandError, match="publishing failed") as info:
-        call_command("outbox_relay", "--once", "--publisher", "http", "--url", webhook_server.url)
-    assert info.value.returncode == 1
-    assert Outbox.objects.filter(published_at__isnull=True).count() == 2
-
-
-@pytest.mark.django_db
-def test_command_refuses_an_unusable_publisher():
-    with pytest.raises(CommandError, match="'url' must be an http") as info:
-        call_command("outbox_relay", "--once", "--publisher", "http")
-    assert info.value.returncode == 2
-
-
-def test_the_help_lists_every_built_in_publisher() -> None:
-    from notifications_retry.management.commands.outbox_relay import Command
-    from notifications_retry.outbox.publishers import BUILTIN_PUBLISHERS
-
-    text = " ".join(Command().create_parser("manage.py", "outbox_relay").format_help().split())
-    assert set(BUILTIN_PUBLISHERS) == {"log", "http", "rabbitmq", "nats"}
-    for name in BUILTIN_PUBLISHERS:
-        assert f"'{name}'" in text, text

@@ -10,7 +10,7 @@ import pytest
 from notifications_retry.models import Outbox
 from notifications_retry.outbox.publishers import Publisher, PublishError
 from notifications_retry.outbox.relay import Relay
-from tests.integration.test_relay import make_events
+from tests.support.outbox_events import make_events
 
 pytestmark = pytest.mark.django_db
 
