@@ -62,11 +62,8 @@ class SteppedLoop:
 
     def spawn(self, coroutines: Iterable[Coroutine[Any, Any, None]]) -> None:
         """Make the coroutines tasks of the loop; they start at its next step."""
-        loop = self._started()
         for coroutine in coroutines:
-            task = loop.create_task(coroutine)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.start(coroutine)
 
     def start(self, coroutine: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         """Make ``coroutine`` a task of the loop, which starts at its next step; the owner takes its

@@ -136,12 +136,15 @@ class Claims:
         self.stats: TickStats
         #: The partitions the tick owns (None: every row of the lane).
         self.partitions: Partitions | None = None
+        #: Each channel's (max_attempts, key), as the claims take them: the tick's channels do not change.
+        self.budgets: dict[int, tuple[int, str]] = {}
 
     def begin_tick(
         self, runtimes: dict[int, ChannelRuntime], stats: TickStats, partitions: Partitions | None = None
     ) -> None:
         self.under_way, self.paired, self.beside_refused = [], False, False
         self.runtimes, self.stats, self.partitions = runtimes, stats, partitions
+        self.budgets = {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in runtimes.items()}
 
     @property
     def running(self) -> bool:
@@ -266,7 +269,7 @@ class Claims:
         """The claim's options, as both drivers take them."""
         return {
             "total": total,
-            "budgets": {cid: (rt.config.max_attempts, rt.config.key) for cid, rt in self.runtimes.items()},
+            "budgets": self.budgets,
             "attempts_by_type": self.conf.ATTEMPTS_BY_TYPE,
             "priorities": self.lane_priorities,
             "skip": skip,
