@@ -227,7 +227,7 @@ SELECT n.*, c.lease, n.claim_token IS NOT NULL AS recovered,
        -- A recovered row's attempts that never finished (counted at claim, never logged): its crashes.
        CASE WHEN n.claim_token IS NOT NULL THEN n.attempts - (
            SELECT count(*) FROM jsonb_array_elements(n.attempt_log) e
-           WHERE (e->>'generation')::int = n.requeue_count) END AS crashes,
+           WHERE COALESCE((e->>'generation')::int, 0) = n.requeue_count) END AS crashes,
        sum(n.estimate) OVER w - n.estimate < %(budget)s AS within
 FROM c
 CROSS JOIN LATERAL (

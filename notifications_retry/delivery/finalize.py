@@ -194,7 +194,9 @@ def outcome_steps(
                     "at": at,
                     "outcome": o.result,
                     # Attempt numbers restart after a requeue: the generation tells the runs apart.
-                    "generation": o.record.requeue_count,
+                    # The first run's (0) is left out, as every key below at its default: a reader
+                    # takes a missing generation for 0 (docs/events.md).
+                    **({"generation": o.record.requeue_count} if o.record.requeue_count else {}),
                     "duration_ms": round(o.duration_ms, 1),
                     # Only when there is one: the entry is in every row version the WAL carries.
                     **({"error_kind": o.error_kind} if o.error_kind else {}),

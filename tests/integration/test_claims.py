@@ -306,3 +306,26 @@ def test_recovered_leases_come_back_in_groups_that_halve_with_each_death(clock):
     NotificationEntity.objects.filter(pk__in=[r.pk for r in once]).update(claim_expires_at=expired)
     halved = claim_due(clock.now(), plan, total=100, budgets=budgets)
     assert len(halved.records) == RECOVERY_GROUP // 2 and halved.more
+
+
+@pytest.mark.django_db
+def test_a_logged_attempt_of_the_first_run_is_no_crash(clock):
+    # finalize leaves a first run's generation (0) out of its attempt_log entry; the claim's count of
+    # a recovered row's crashes reads a missing generation as 0. The rows' first attempt (the
+    # factory's) and the last were never logged: two deaths, so they come back 8 at a time. Read as
+    # "not this run", the logged attempt would make a third, and they would come back 4 at a time.
+    from notifications_retry.delivery.lapsed_leases import RECOVERY_GROUP
+
+    channel = ChannelFactory(key="in_app", max_attempts=10)
+    due_records(clock, channel, RECOVERY_GROUP + 4)
+    records = claim_due(clock.now(), plan(channel), total=100, budgets=budgets(channel)).records
+    retried = [Outcome(r, RETRY, next_attempt_at=clock.now()) for r in records]
+    assert len(finalize(retried, clock.now()).applied) == RECOVERY_GROUP + 4
+    entries = [row.attempt_log[-1] for row in NotificationEntity.objects.all()]
+    assert all("generation" not in entry and entry["outcome"] == "retry" for entry in entries)
+    # Claimed again, and the worker dies with them: three attempts counted, one logged.
+    claim_due(clock.now(), plan(channel, lease=30), total=100, budgets=budgets(channel))
+    clock.advance(31)
+    first = claim_due(clock.now(), plan(channel), total=100, budgets=budgets(channel))
+    assert {r.attempts for r in first.records} == {4}
+    assert len(first.records) == RECOVERY_GROUP // 2 and first.more
