@@ -27,11 +27,21 @@ def data_dir() -> Path:
     return Path(os.environ.get("PGSERVER_DATA_DIR", BASE_DIR / ".pgdata"))
 
 
+#: Said when pgserver cannot be imported: not installed, or a Python it publishes no wheel for.
+MISSING = (
+    "the example project's embedded PostgreSQL needs the pgserver package (pip install -e '.[example]'), "
+    "which has no wheels for Python 3.13 and later: set DATABASE_URL=postgres://... to use a server instead"
+)
+
+
 def _pgserver():  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         # platformdirs complains about XDG_RUNTIME_DIR in containers; pgserver does not need it.
         warnings.simplefilter("ignore")
-        import pgserver
+        try:
+            import pgserver
+        except ImportError as exc:
+            raise RuntimeError(MISSING) from exc
 
     return pgserver
 

@@ -4,6 +4,8 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
+import notifications_retry.models
+
 
 class Migration(migrations.Migration):
 
@@ -44,7 +46,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'delivery status',
                 'verbose_name_plural': 'delivery statuses',
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['delivered', 'opened', 'bounced', 'complained'])), name='nr_delivery_state_valid')],
+                'constraints': [notifications_retry.models.check_constraint(models.Q(('state__in', ['delivered', 'opened', 'bounced', 'complained'])), 'nr_delivery_state_valid')],
             },
         ),
         migrations.CreateModel(
@@ -63,7 +65,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'indexes': [models.Index(condition=models.Q(('expires_at__isnull', False)), fields=['expires_at'], name='nr_suppression_expiry_idx')],
-                'constraints': [models.UniqueConstraint(fields=('address', 'channel'), name='nr_suppression_one_per_channel'), models.CheckConstraint(condition=models.Q(('reason__in', ['hard_bounce', 'complaint', 'unsubscribed', 'manual', 'invalid_recipient'])), name='nr_suppression_reason_valid'), models.CheckConstraint(condition=models.Q(('address', ''), _negated=True), name='nr_suppression_address_not_empty')],
+                'constraints': [models.UniqueConstraint(fields=('address', 'channel'), name='nr_suppression_one_per_channel'), notifications_retry.models.check_constraint(models.Q(('reason__in', ['hard_bounce', 'complaint', 'unsubscribed', 'manual', 'invalid_recipient'])), 'nr_suppression_reason_valid'), notifications_retry.models.check_constraint(models.Q(('address', ''), _negated=True), 'nr_suppression_address_not_empty')],
             },
         ),
     ]

@@ -88,7 +88,8 @@ class ChannelConfig(models.Model):
                 "nr_channel_backoff_cap_gte_base",
             ),
             check_constraint(Q(retry_backoff__in=["fixed", "exponential"]), "nr_channel_backoff_valid"),
-            check_constraint(~Q(fallback=models.F("pk")), "nr_channel_fallback_not_itself"),
+            # F("id"), not F("pk"): Django 4.2 checks it in Python (full_clean), and cannot resolve "pk".
+            check_constraint(~Q(fallback=models.F("id")), "nr_channel_fallback_not_itself"),
         ]
         triggers = channel_triggers()
 
