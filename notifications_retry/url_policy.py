@@ -132,9 +132,7 @@ def internal_reason(address: IPAddress) -> str | None:
         if reason is not None:
             return f"{form} {v4}: {reason}"
     if address.ipv4_mapped is not None or address in _NAT64 or address.sixtofour is not None:
-        # Translated to a public IPv4 address (a DNS64 network reaches the Internet through these; a
-        # 6to4 relay forwards to the address it carries). Judged by that address alone: Python 3.13's
-        # ipaddress calls every 6to4 address private, 3.11 and 3.12 call them global.
+        # Its public IPv4 address decides (Python 3.13 calls all 6to4 private, 3.11 and 3.12 global).
         return None
     if address.is_loopback:
         return "loopback"
