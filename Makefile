@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench call-timeline
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench call-timeline
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -88,6 +88,12 @@ crash-bench: $(VENV)/.installed
 bench-scale: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.scale $(BENCH_ARGS)
+
+# The latency-bound drain at max_concurrency 128 by 1 and 2 workers, on a throwaway cluster: rows/s and
+# the CPU a row of the workers, the receiver, PostgreSQL and the whole machine.
+bench-machine: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	$(PY) -m bench.machine_bound $(BENCH_ARGS)
 
 # A webhook signature's cost per request (signing alone, and a whole request), against an unsigned one.
 bench-signing: $(VENV)/.installed

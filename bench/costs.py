@@ -126,7 +126,8 @@ def measure(label: str, drain: Callable[[], int]) -> Cost:
 
 
 def backend_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a server backend, when the server runs on this machine."""
+    """User + system CPU seconds of a process of this machine (a server backend, a worker); None once
+    it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.cluster import run_on_server
+from bench.costs import backend_cpu_seconds
 from bench.crash_worker import LoopingWorker
 from bench.db import TABLE, add_rows, bench_dbname, connect, count_sent, recreate_database, reset_rows
 from bench.receiver import Sink, max_in_window, webhook_channel
@@ -123,10 +124,13 @@ def drain(
             at_kill = _leases()
             time.sleep(1.0)  # a survivor's call ends in 50 ms; the victim's leases stay until they run out
             leased_by_victim = sum(1 for nid, token in _leases().items() if at_kill.get(nid) == token)
+        # The receiver's count first: asking the database every 50 ms (a connection and a count each
+        # time) would add its own load to the drain's.
+        wait_for(lambda: sink.count() >= rows, timeout)
         if not wait_for(lambda: count_sent() >= rows, timeout):
             tails = "\n".join(w.output_tail() for w in procs)
             raise RuntimeError(f"the drain did not finish within {timeout:g} s:\n{tails}")
-        cpu = sum(_cpu_seconds(w.proc.pid) for w in procs if w.alive())
+        cpu = sum(backend_cpu_seconds(w.proc.pid) or 0.0 for w in procs if w.alive())
     finally:
         for w in procs:
             w.stop()
@@ -154,16 +158,6 @@ def _tenant_peaks(sink: Sink) -> list[int]:
     for key, at in sink.first_arrivals().items():
         arrivals.setdefault(tenant_of[key], []).append(at)
     return sorted((max_in_window(times) for times in arrivals.values()), reverse=True)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds a process has used (Linux /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def claim_reading(partition_counts: list[int], rows: int, due_every: int, repeat: int) -> list[list[str]]:

@@ -242,3 +242,13 @@ def test_scale_bench_prints_ratios_duplicates_the_rate_window_and_the_claims_rea
     # Each tenant's busiest second, in the run's order of workers: within the limit and its margin.
     peaks = [int(p) for cells in tenants.values() for p in cells[1].split(" / ")]
     assert len(peaks) == 8 and max(peaks) <= 52, out
+
+
+def test_machine_bound_bench_prints_each_drains_cpu_a_row_by_part(bench_database):
+    out = run_bench("bench.machine_bound", bench_database, "--rows", "4000", "--max-concurrency", "32")
+    assert "CPU ms a row while the receiver was being sent to" in out, out
+    drains = table_rows(out, ["1 ", "2 "])
+    assert set(drains) == {"1 ", "2 "}, out
+    # rows/s, share, workers, receiver, PostgreSQL (not counted on --server url), machine, cores busy
+    assert all(len(cells) == 8 and cells[5] == "—" for cells in drains.values()), out
+    assert "leaves the machine at most" in out, out
