@@ -126,8 +126,9 @@ def drain(
             leased_by_victim = sum(1 for nid, token in _leases().items() if at_kill.get(nid) == token)
         # The receiver's count first: asking the database every 50 ms (a connection and a count each
         # time) would add its own load to the drain's.
+        started = time.monotonic()
         wait_for(lambda: sink.count() >= rows, timeout)
-        if not wait_for(lambda: count_sent() >= rows, timeout):
+        if not wait_for(lambda: count_sent() >= rows, max(1.0, timeout - (time.monotonic() - started))):
             tails = "\n".join(w.output_tail() for w in procs)
             raise RuntimeError(f"the drain did not finish within {timeout:g} s:\n{tails}")
         cpu = sum(backend_cpu_seconds(w.proc.pid) or 0.0 for w in procs if w.alive())
