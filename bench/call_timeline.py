@@ -11,7 +11,11 @@ over, and when the worker's thread runs its send loop. Printed, for each round:
   read, against the receiver's 20 ms and against the same requests sent by aiohttp alone just before
   (no database, no scheduling);
 * how much of the drain the worker's thread spent outside its send loop (the loop stands still then, so
-  answers wait), and the longest such spans.
+  answers wait), and the longest such spans;
+* how much of the drain the worker's thread ran on a core, and how much it was ready to run but waited
+  for one (the kernel's per-thread ``schedstat``, Linux only): on a machine whose cores the worker
+  shares with PostgreSQL and the receiver, a send that wakes either of them may hand it the worker's
+  core, and the loop stands still until it gets one back.
 
 Only means are taken across calls (starts, writes and reads are counted, not paired), so the wrapped
 methods cost a few microseconds a call. The figures explain the ratio ``bench.run`` reports; the run's
@@ -106,6 +110,16 @@ def in_flight(starts: list[float], ends: list[float]) -> float:
     return area / (events[-1][0] - events[0][0])
 
 
+def thread_schedule() -> tuple[float, float] | None:
+    """Seconds the calling thread has run on a core and waited, ready, for one (None off Linux)."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            on_core, waiting = stat.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(on_core) / 1e9, int(waiting) / 1e9
+
+
 def outside_loop(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
     """The time between the loop's runs (within the drain), and those gaps longest first."""
     spans = sorted(spans)
@@ -132,7 +146,9 @@ def _measure(args: argparse.Namespace) -> int:
         for round_ in range(1, args.rounds + 1):
             bare = asyncio.run(drive(aiohttp_client, sink.url, args.rows, args.concurrency))["rps"]
             marks.clear()
+            before, started = thread_schedule(), time.perf_counter()
             result = http_drain(sink, args.rows, max_concurrency=args.concurrency, rate=None)
+            after, elapsed = thread_schedule(), time.perf_counter() - started
             moments = marks.moments
             if not moments["start"] or len(moments["start"]) != len(moments["handed"]):
                 counts = {k: len(v) for k, v in moments.items()}
@@ -162,6 +178,11 @@ def _measure(args: argparse.Namespace) -> int:
                     f"{ms['headers→handed']:.2f}",
                     f"{outside / drain:.0%}",
                     f"{gaps[0] * 1000:.1f}" if gaps else "-",
+                    *(
+                        [f"{(after[0] - before[0]) / elapsed:.0%}", f"{(after[1] - before[1]) / elapsed:.0%}"]
+                        if before and after
+                        else ["-", "-"]
+                    ),
                 ]
             )
     finally:
@@ -178,6 +199,8 @@ def _measure(args: argparse.Namespace) -> int:
         "headers→handed",
         "outside loop",
         "longest ms",
+        "on a core",
+        "waiting for one",
     ]
     print("\n" + table(headers, rows))
     print(
@@ -185,7 +208,9 @@ def _measure(args: argparse.Namespace) -> int:
         f"start to its hand-over (the receiver holds each {RECEIVER_DELAY * 1000:.0f} ms), split at its "
         "request written and its answer's headers read; bare client ms: the same requests from aiohttp alone "
         "(no database, no scheduling), just before; outside loop: the share of the drain the worker's "
-        "thread ran its own code with the send loop standing still, and the longest such span."
+        "thread ran its own code with the send loop standing still, and the longest such span; on a core, "
+        "waiting for one: the share of the drain the worker's thread ran, and was ready to run but "
+        "waited for a core (the rest it waited for answers)."
     )
     return 0
 
