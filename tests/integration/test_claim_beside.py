@@ -98,7 +98,9 @@ def test_an_inline_backlog_is_claimed_on_two_connections_of_one_thread_and_every
     assert stats.sent == stats.processed == stats.claims == 290 and not stats.error
     assert {name for name, _, got in claims_seen if got} == {threading.current_thread().name}
     assert len({pid for _, pid, got in claims_seen if got}) == 2, "two connections claimed"
-    assert set(threading.enumerate()) == threads_before, "no thread started"
+    # Only new threads count: one an earlier test left behind (an HTTP server's request thread) may end
+    # meanwhile, which is no thread of this worker's.
+    assert set(threading.enumerate()) - threads_before == set(), "no thread started"
     assert_delivered_once(rows)
 
 
