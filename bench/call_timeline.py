@@ -110,16 +110,6 @@ def in_flight(starts: list[float], ends: list[float]) -> float:
     return area / (events[-1][0] - events[0][0])
 
 
-def thread_schedule() -> tuple[float, float] | None:
-    """Seconds the calling thread has run on a core and waited, ready, for one (None off Linux)."""
-    try:
-        with open("/proc/thread-self/schedstat") as stat:
-            on_core, waiting = stat.read().split()[:2]
-    except (OSError, ValueError):
-        return None
-    return int(on_core) / 1e9, int(waiting) / 1e9
-
-
 def outside_loop(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
     """The time between the loop's runs (within the drain), and those gaps longest first."""
     spans = sorted(spans)
@@ -146,9 +136,7 @@ def _measure(args: argparse.Namespace) -> int:
         for round_ in range(1, args.rounds + 1):
             bare = asyncio.run(drive(aiohttp_client, sink.url, args.rows, args.concurrency))["rps"]
             marks.clear()
-            before, started = thread_schedule(), time.perf_counter()
             result = http_drain(sink, args.rows, max_concurrency=args.concurrency, rate=None)
-            after, elapsed = thread_schedule(), time.perf_counter() - started
             moments = marks.moments
             if not moments["start"] or len(moments["start"]) != len(moments["handed"]):
                 counts = {k: len(v) for k, v in moments.items()}
@@ -178,11 +166,7 @@ def _measure(args: argparse.Namespace) -> int:
                     f"{ms['headers→handed']:.2f}",
                     f"{outside / drain:.0%}",
                     f"{gaps[0] * 1000:.1f}" if gaps else "-",
-                    *(
-                        [f"{(after[0] - before[0]) / elapsed:.0%}", f"{(after[1] - before[1]) / elapsed:.0%}"]
-                        if before and after
-                        else ["-", "-"]
-                    ),
+                    *(f"{share:.0%}" if share is not None else "-" for share in result["core_shares"]),
                 ]
             )
     finally:

@@ -137,6 +137,28 @@ def backend_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_schedule() -> tuple[float, float] | None:
+    """Seconds the calling thread has run on a core, and waited ready to run for one (Linux's
+    per-thread ``schedstat``; None elsewhere). A drain in this process runs on this thread, so the two
+    tell the worker's own CPU from the time the machine's other work (PostgreSQL, the receiver) kept
+    it off a core."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            on_core, waiting = stat.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(on_core) / 1e9, int(waiting) / 1e9
+
+
+def schedule_shares(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, elapsed: float
+) -> tuple[float, float] | None:
+    """The shares of ``elapsed`` the thread ran on a core and waited for one, between two readings."""
+    if before is None or after is None or elapsed <= 0:
+        return None
+    return (after[0] - before[0]) / elapsed, (after[1] - before[1]) / elapsed
+
+
 @dataclasses.dataclass
 class ServerCpu:
     """Accumulates the CPU a drain's own connection used on the server: unlike wall time, it does

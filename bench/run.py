@@ -163,7 +163,7 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
                 + f"; receiver answered in {result['answer_ms_mean']:.1f} ms on average; worker CPU "
                 f"{result['cpu_ms_per_row']:.2f} ms/row "
                 f"({1000 * result['cpu_ms_per_row'] / client['cpu_us']:.1f}x the client's), "
-                f"{result['cpu_share']:.0%} of a core"
+                f"{result['cpu_share']:.0%} of a core{_core_wait(result['core_shares'])}"
             )
             if pipeline == "native" and ratio < target:
                 missed.append(f"latency c={conc}")
@@ -173,8 +173,15 @@ def _latency(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:
             f"max_concurrency {conc:>3}, {rows:,} rows, the engine alone (a provider that waits 20 ms, "
             f"no HTTP): {alone['rows_per_s']:>7,.0f} rows/s; ratio {alone['rows_per_s'] / bound:.0%}; "
             f"worker CPU {alone['cpu_us_per_row']:.0f} µs/row, {alone['cpu_share']:.0%} of a core"
+            f"{_core_wait(alone['core_shares'])}"
         )
     configure_logging("stdlib")
+
+
+def _core_wait(shares: tuple[float | None, float | None]) -> str:
+    """The share of the drain the worker's thread was ready to run but waited for a core (Linux)."""
+    waiting = shares[1]
+    return "" if waiting is None else f", waited for a core {waiting:.0%} of the drain"
 
 
 def _rate(sink: Sink, args: argparse.Namespace, missed: list[str]) -> None:

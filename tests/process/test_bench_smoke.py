@@ -103,6 +103,24 @@ def test_ceiling_table_has_ratios_first_then_each_drain(bench_database: str) -> 
     assert "Targets missed:" in out
 
 
+def test_latency_drain_prints_the_client_alone_each_logging_and_the_engine_alone(bench_database: str) -> None:
+    out = run_bench(
+        "bench.run", bench_database, "--only", "latency", "--concurrency", "4", "--latency-rows", "200"
+    )
+    lines = [line for line in out.splitlines() if line.startswith("max_concurrency   4, 200 ")]
+    assert [line.split(",")[2].split(":")[0].strip() for line in lines] == [
+        "aiohttp alone",
+        "native logging",
+        "stdlib logging",
+        "the engine alone (a provider that waits 20 ms",
+    ], out
+    for line in lines[1:]:
+        assert re.search(r"ratio \d+%", line) and re.search(r"\d+% of a core", line), line
+        # The worker's thread ready to run but kept off a core (Linux's per-thread schedstat).
+        waited = re.search(r"waited for a core (\d+)% of the drain", line)
+        assert waited and 0 <= int(waited.group(1)) <= 100, line
+
+
 def test_command_drain_times_the_users_command_against_the_lean_drain(bench_database: str) -> None:
     out = run_bench("bench.run", bench_database, "--only", "command", "--rows", "300", "--rounds", "1")
     assert "## No-op drain as a user runs it" in out
