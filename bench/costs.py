@@ -150,15 +150,6 @@ def thread_schedule() -> tuple[float, float] | None:
     return int(on_core) / 1e9, int(waiting) / 1e9
 
 
-def schedule_shares(
-    before: tuple[float, float] | None, after: tuple[float, float] | None, elapsed: float
-) -> tuple[float, float] | None:
-    """The shares of ``elapsed`` the thread ran on a core and waited for one, between two readings."""
-    if before is None or after is None or elapsed <= 0:
-        return None
-    return (after[0] - before[0]) / elapsed, (after[1] - before[1]) / elapsed
-
-
 @dataclasses.dataclass
 class ServerCpu:
     """Accumulates the CPU a drain's own connection used on the server: unlike wall time, it does

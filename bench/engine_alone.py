@@ -15,9 +15,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from bench.costs import schedule_shares, thread_schedule
 from bench.db import add_rows, channel, reset_rows
-from bench.worker_drain import drain_once
+from bench.worker_drain import timed_drain_once
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
 
 
@@ -58,17 +57,12 @@ def sleep_drain(rows: int, *, max_concurrency: int, delay: float = 0.02) -> dict
         timeout_seconds=10.0,
     )
     add_rows([cid], rows)
-    schedule, started, cpu_started = thread_schedule(), time.perf_counter(), time.process_time()
-    sent = drain_once(rows)
-    elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    shares = schedule_shares(schedule, thread_schedule(), elapsed)
-    if sent != rows:
-        raise RuntimeError(f"engine-alone drain sent {sent} of {rows}")
+    drained = timed_drain_once(rows)
+    if drained.sent != rows:
+        raise RuntimeError(f"engine-alone drain sent {drained.sent} of {rows}")
     return {
-        "rows_per_s": rows / elapsed,
-        "cpu_us_per_row": 1e6 * cpu / rows,
-        "cpu_share": cpu / elapsed,
-        # The worker's thread on a core, and ready but waiting for one (None, None off Linux).
-        "core_shares": shares or (None, None),
+        "rows_per_s": rows / drained.elapsed,
+        "cpu_us_per_row": 1e6 * drained.cpu / rows,
+        "cpu_share": drained.cpu / drained.elapsed,
+        "core_shares": drained.core_shares,
     }

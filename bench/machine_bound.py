@@ -117,10 +117,7 @@ def _measure(args: argparse.Namespace) -> int:
         f"{RECEIVER_DELAY * 1000:.0f} ms, max_concurrency {args.max_concurrency} "
         f"(bound {bound:,.0f} rows/s), {args.rows:,} rows per drain, {cores} CPUs"
     )
-    recreate_database()
-    from bench.db import setup_django
-
-    setup_django()
+    recreate_database()  # and Django set up on it
     sink = Sink(RECEIVER_DELAY)
     lines = []
     try:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import bisect
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.costs import schedule_shares, thread_schedule
 from bench.db import ROOT, add_rows, channel, reset_rows
-from bench.worker_drain import drain_once
+from bench.worker_drain import timed_drain_once
 
 
 class Sink:
@@ -87,11 +85,8 @@ def http_drain(sink: Sink, rows: int, *, max_concurrency: int, rate: float | Non
     cid = webhook_channel(sink, max_concurrency=max_concurrency, rate=rate)
     add_rows([cid], rows)
     sink.reset()
-    schedule, started, cpu_started = thread_schedule(), time.perf_counter(), time.process_time()
-    sent = drain_once(rows)
-    elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    shares = schedule_shares(schedule, thread_schedule(), elapsed)
+    drained = timed_drain_once(rows)
+    sent, elapsed, cpu = drained.sent, drained.elapsed, drained.cpu
     received = sink.stats()
     arrivals = received["arrivals"]
     if sent != rows:
@@ -105,6 +100,5 @@ def http_drain(sink: Sink, rows: int, *, max_concurrency: int, rate: float | Non
         "max_per_1s_window": max_in_window(arrivals),
         "requests": len(arrivals),
         "answer_ms_mean": received["answer_ms_mean"],
-        # The worker's thread on a core, and ready but waiting for one (None, None off Linux).
-        "core_shares": shares or (None, None),
+        "core_shares": drained.core_shares,
     }

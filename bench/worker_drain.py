@@ -6,7 +6,35 @@ benchmark measures.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
+from bench.costs import thread_schedule
 from bench.db import count_sent
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedDrain:
+    """One :func:`drain_once` as this process lived it: rows sent, wall and CPU seconds, and the shares of
+    the drain the calling thread (the worker's) ran on a core and waited, ready, for one (None off Linux)."""
+
+    sent: int
+    elapsed: float
+    cpu: float
+    core_shares: tuple[float | None, float | None]
+
+
+def timed_drain_once(expected: int) -> TimedDrain:
+    """:func:`drain_once`, timed."""
+    schedule, started, cpu_started = thread_schedule(), time.perf_counter(), time.process_time()
+    sent = drain_once(expected)
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    after = thread_schedule()
+    shares: tuple[float | None, float | None] = (None, None)
+    if schedule is not None and after is not None:
+        shares = ((after[0] - schedule[0]) / elapsed, (after[1] - schedule[1]) / elapsed)
+    return TimedDrain(sent, elapsed, cpu, shares)
 
 
 def drain_once(expected: int) -> int:
