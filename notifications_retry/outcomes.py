@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import random
 import uuid
 from collections.abc import Mapping
@@ -70,6 +71,9 @@ class ClaimedRecord:
     claim_token: uuid.UUID | None
     #: When the lease ends, by the worker's clock (``None``: settled inside its claim, no lease).
     lease_expires_at: datetime | None = None
+    #: The worker's monotonic time after which the lease can no longer cover a call started on it
+    #: (engine.claiming sets it as the record is queued; engine.channels gives it back unsent then).
+    start_by: float = math.inf
 
     # The ids as text, made once: a record's id goes into its lease, its outcome's row, its event
     # (key and payload) and its log line, and each str() of a UUID costs about half a microsecond.

@@ -12,9 +12,13 @@ from notifications_retry.retry import BackoffPolicy
 #: How far ahead a rate-limited channel may claim: records it can start within this many seconds.
 RATE_HORIZON_SECONDS = 0.25
 #: Rounds of a lane's max_concurrency a non-inline channel keeps claimed behind its calls in flight:
-#: one, so a slot that frees up finds its next record waiting without a claim, while a crash strands
-#: at most one round of unstarted rows (and leases stay short).
-QUEUE_ROUNDS = 1
+#: two, so a slot that frees up finds its next record waiting without a claim, and claims come in
+#: rounds rather than half rounds (a claim costs the worker's thread the same whatever its size).
+QUEUE_ROUNDS = 2
+#: Rounds of waiting a lease covers before its record's call starts: one. A record still queued when
+#: its lease could no longer cover its call is given back unsent (:func:`start_allowance_seconds`), so
+#: leases stay short, and the rows a crashed worker held come back after two timeouts, not three.
+LEASED_ROUNDS = 1
 
 
 def backoff_policy(channel: ChannelConfig, jitter_ratio: float) -> BackoffPolicy:
@@ -30,13 +34,29 @@ def backoff_policy(channel: ChannelConfig, jitter_ratio: float) -> BackoffPolicy
 def lease_seconds(
     channel: ChannelConfig, grace_seconds: float, *, fallback: ChannelConfig | None = None
 ) -> float:
-    """How long a claim leases a record: the round queued ahead of it and its own call, plus a grace.
+    """How long a claim leases a record: a round of waiting ahead of it and its own call, plus a grace.
 
     With a ``fallback``, a call may be followed by the fallback's: the lease covers both, so a failover
     never outlives its record's lease (a late outcome would be discarded and the row sent again).
     ``grace_seconds`` is the ``LEASE_GRACE_SECONDS`` setting.
     """
+    return (LEASED_ROUNDS + 1) * _call_seconds(channel, fallback) + RATE_HORIZON_SECONDS + grace_seconds
+
+
+def start_allowance_seconds(
+    channel: ChannelConfig, grace_seconds: float, *, fallback: ChannelConfig | None = None
+) -> float:
+    """How long after its claim a record's call may still start: the waiting its lease covers, and
+    half the grace. The lease then still holds the call (and its fallback's) and the other half of the
+    grace for the outcome's commit. Started later, the call could outlive the lease, and the row be
+    claimed and sent by another worker meanwhile: such a record is given back unsent instead.
+    """
+    return LEASED_ROUNDS * _call_seconds(channel, fallback) + RATE_HORIZON_SECONDS + grace_seconds / 2
+
+
+def _call_seconds(channel: ChannelConfig, fallback: ChannelConfig | None) -> float:
+    """The longest a record's calls may take: the channel's timeout, and its fallback's after it."""
     timeout = float(channel.timeout_seconds)
     if fallback is not None:
         timeout += float(fallback.timeout_seconds)
-    return (QUEUE_ROUNDS + 1) * timeout + RATE_HORIZON_SECONDS + grace_seconds
+    return timeout

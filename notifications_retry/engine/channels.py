@@ -20,6 +20,7 @@ from notifications_retry.delivery.channel_rules import (
     RATE_HORIZON_SECONDS,
     backoff_policy,
     lease_seconds,
+    start_allowance_seconds,
 )
 from notifications_retry.engine.flow_control import CircuitBreaker, RateLimiter, StartPacer
 from notifications_retry.engine.in_flight import InFlightCap
@@ -95,6 +96,8 @@ class ChannelRuntime:
         self.fallback: ChannelRuntime | None = None
         self._inflight = 0
         self.queue: deque[ClaimedRecord] = deque()
+        #: Queued records whose lease could no longer cover their call: the dispatcher gives them back.
+        self.lapsed: list[ClaimedRecord] = []
         self.exhausted = False
         self.policy = backoff_policy(config, conf.JITTER_RATIO)
 
@@ -133,6 +136,13 @@ class ChannelRuntime:
         """This channel's lease (:func:`~notifications_retry.delivery.channel_rules.lease_seconds`)."""
         fallback = self.fallback.config if self.fallback is not None else None
         return lease_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
+
+    def start_reserve(self, conf: RetrySettings) -> float:
+        """What a record's lease must still hold when its call starts: its calls and the grace (the
+        lease less :func:`~notifications_retry.delivery.channel_rules.start_allowance_seconds`)."""
+        fallback = self.fallback.config if self.fallback is not None else None
+        allowance = start_allowance_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
+        return self.lease_seconds(conf) - allowance
 
     def capacity(self, now_mono: float, chunk: int) -> int:
         """How many more records to claim for this channel now (0: none)."""
@@ -248,10 +258,22 @@ class ChannelRuntime:
 
     def next_startable(self, now_mono: float) -> ClaimedRecord | None:
         """The next queued record, taken off the queue, if a send may start on it now (one of a limited
-        tenant may wait for its slot while another tenant's goes ahead)."""
-        if not self.queue or not self.can_start(now_mono):
-            return None
-        return self.queue.popleft() if self.tenants is None else self.tenants.pop(self.queue, now_mono)
+        tenant may wait for its slot while another tenant's goes ahead).
+
+        A record queued past its ``start_by`` (calls that each took their whole timeout) is not
+        started: its lease could end during the call. It moves to :attr:`lapsed`, to be given back.
+        """
+        while self.queue and self.can_start(now_mono):
+            record = self.queue.popleft() if self.tenants is None else self.tenants.pop(self.queue, now_mono)
+            if record is None or now_mono <= record.start_by:
+                return record
+            self.lapsed.append(record)
+        return None
+
+    def take_lapsed(self) -> list[ClaimedRecord]:
+        """The records :meth:`next_startable` set aside, to give back."""
+        lapsed, self.lapsed = self.lapsed, []
+        return lapsed
 
     def start_wait(self, now_mono: float) -> float:
         """Seconds until the rate limits may let a queued record start (0.0: now)."""
@@ -266,6 +288,7 @@ class ChannelRuntime:
         self.exhausted = False
         self.claim_after = 0.0
         self.queue.clear()
+        self.lapsed.clear()
         if self.tenants is not None:
             self.tenants.queued.clear()
 

@@ -347,8 +347,12 @@ class Claims:
         runtimes, stats = self.runtimes, self.stats
         got: dict[int, int] = {}
         now_mono = self.monotonic()
+        now, reserves = self.now(), {cid: rt.start_reserve(self.conf) for cid, rt in runtimes.items()}
         for record in batch.records:
             rt = runtimes[record.channel_id]
+            if record.lease_expires_at is not None:  # the latest its call may start (engine.channels)
+                left = (record.lease_expires_at - now).total_seconds()
+                record.start_by = now_mono + left - reserves[record.channel_id]
             rt.queue.append(record)
             if rt.tenants is not None:
                 rt.tenants.admit(record)  # it will take one of its tenant's slots

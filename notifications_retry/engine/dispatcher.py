@@ -198,7 +198,7 @@ class Dispatcher:
             # delayed past its slot is throughput lost for good (the bucket never bursts to catch up).
             pacing = any(rt.queue and rt.paced for rt in runtimes.values())
             self.collect(wait, 0.0 if pacing else COLLECT_DELAY_SECONDS, bound)
-            queued = any(rt.queue for rt in runtimes.values())
+            queued = any(rt.queue or rt.lapsed for rt in runtimes.values())
             idle = not self.running and not self.done and not queued and not claims.running
             calls = bool(self.running)
             if completer.due(flush=idle or not claiming):
@@ -250,13 +250,16 @@ class Dispatcher:
 
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
-        queued = [record for rt in runtimes.values() for record in take_queue(rt)]
+        queued = [record for rt in runtimes.values() for record in [*take_queue(rt), *rt.take_lapsed()]]
         self.give_back.release(queued, reason, bound)
 
     # -- sending -------------------------------------------------------------------------------
 
     def _start(self, runtimes: dict[int, ChannelRuntime]) -> None:
         """Start what may start now: inline providers run right here, others on the send loop."""
+        lapsed = [record for rt in runtimes.values() if rt.lapsed for record in rt.take_lapsed()]
+        if lapsed:
+            self.give_back.release(lapsed, "queued until their lease could no longer cover a call")
         if not self._may_send():
             return  # after a stop, what is queued is given back; unconfirmed, it waits for the lock
         for rt in runtimes.values():

@@ -141,6 +141,9 @@ class Failover:
             record = rt.queue.popleft()
             if rt.tenants is not None:
                 rt.tenants.forget([record])  # sent through the fallback: no slot of this channel's
+            if now_mono > record.start_by:
+                rt.lapsed.append(record)  # its lease could end during the call: given back instead
+                continue
             rerouted.append(Rerouted(fallback, record, not_called(rt, now_mono)))
         return rerouted, []
 

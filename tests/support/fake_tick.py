@@ -16,7 +16,7 @@ import dataclasses
 import random
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from notifications_retry.clock import ManualClock
@@ -135,6 +135,7 @@ class FakeDatabase:
                     self.committed.append(outcome)
                     continue
                 record.claim_token = uuid.uuid4()
+                record.lease_expires_at = now + timedelta(seconds=p.lease_seconds)
                 self.leased[record.id] = record
                 batch.records.append(record)
         return batch

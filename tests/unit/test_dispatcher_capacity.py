@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from notifications_retry.conf import get_settings
+from notifications_retry.delivery.channel_rules import LEASED_ROUNDS, start_allowance_seconds
 from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECONDS, ChannelRuntime
 from notifications_retry.engine.feedback import FlowFeedback
 from notifications_retry.engine.ownership import Ownership
@@ -38,7 +39,7 @@ def record(n: int = 0) -> ClaimedRecord:
     return claimed_record(recipient="r")
 
 
-def test_a_channel_claims_its_calls_plus_one_round_behind_them():
+def test_a_channel_claims_its_calls_plus_its_queued_rounds_behind_them():
     rt = runtime(max_concurrency=4)
     assert rt.capacity(0.0, CHUNK) == (QUEUE_ROUNDS + 1) * 4
     rt.inflight = 4
@@ -48,11 +49,11 @@ def test_a_channel_claims_its_calls_plus_one_round_behind_them():
 def test_a_half_full_queue_is_not_topped_up_row_by_row():
     rt = runtime(max_concurrency=4)
     rt.inflight = 4
-    rt.queue.extend(record() for _ in range(3))
+    depth = QUEUE_ROUNDS * 4
+    rt.queue.extend(record() for _ in range(depth // 2 + 1))
     assert rt.capacity(0.0, CHUNK) == 0
     rt.queue.pop()
-    rt.queue.pop()
-    assert rt.capacity(0.0, CHUNK) == QUEUE_ROUNDS * 4 - 1
+    assert rt.capacity(0.0, CHUNK) == depth - depth // 2
 
 
 def test_a_rate_limited_channel_claims_only_what_it_can_start_within_the_horizon():
@@ -70,10 +71,38 @@ def test_concurrency_bounds_starts():
     assert rt.can_start(0.0)
 
 
-def test_lease_covers_the_round_ahead_and_the_call_plus_grace():
+def test_lease_covers_a_round_of_waiting_and_the_call_plus_grace_however_deep_the_queue():
     rt = runtime(timeout=5.0)
     grace = get_settings().LEASE_GRACE_SECONDS
-    assert rt.lease_seconds(get_settings()) == (QUEUE_ROUNDS + 1) * 5.0 + RATE_HORIZON_SECONDS + grace
+    assert LEASED_ROUNDS == 1 < QUEUE_ROUNDS
+    assert rt.lease_seconds(get_settings()) == 2 * 5.0 + RATE_HORIZON_SECONDS + grace
+
+
+def test_a_queued_record_may_start_while_its_lease_still_holds_its_call_and_half_the_grace():
+    rt = runtime(timeout=5.0)
+    grace = get_settings().LEASE_GRACE_SECONDS
+    assert rt.start_reserve(get_settings()) == 5.0 + grace / 2
+    assert start_allowance_seconds(rt.config, grace) == 5.0 + RATE_HORIZON_SECONDS + grace / 2
+
+
+def test_a_record_queued_past_its_start_by_is_set_aside_and_the_next_one_starts():
+    rt = runtime(max_concurrency=4)
+    late, fresh = record(), record()
+    late.start_by, fresh.start_by = 10.0, 30.0
+    rt.queue.extend([late, fresh])
+    assert rt.next_startable(20.0) is fresh
+    assert rt.take_lapsed() == [late] and rt.take_lapsed() == []
+
+
+def test_a_record_may_start_at_its_start_by_and_no_queued_record_is_set_aside_while_none_may_start():
+    rt = runtime(max_concurrency=1)
+    due = record()
+    due.start_by = 10.0
+    rt.queue.append(due)
+    rt.inflight = 1  # the one slot is taken: nothing is looked at, nothing set aside
+    assert rt.next_startable(50.0) is None and rt.lapsed == []
+    rt.inflight = 0
+    assert rt.next_startable(10.0) is due
 
 
 class Mono:
