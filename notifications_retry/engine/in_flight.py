@@ -3,8 +3,8 @@
 A channel's ``max_concurrency`` protects its provider and is a total over every worker; this cap
 protects the worker's process (its sockets, memory and event loop), whatever the channels add up to.
 Every channel runtime of a worker shares one :class:`InFlightCap`: a send starts only while the worker
-has a free slot, and claims are sized so that the worker keeps about one round queued behind its
-calls, as a single channel does, never one round per channel.
+has a free slot, and claims are sized so that the worker keeps about ``QUEUE_ROUNDS`` rounds queued
+behind its calls, as a single channel does, never that much per channel.
 
 A call keeps its slot after it ends, until its outcome is committed (or dropped): a worker killed
 at any moment has sent again, after its leases run out, no more than its cap of calls. The completer
@@ -58,7 +58,7 @@ class InFlightCap:
 
     def room(self, queued: int) -> int | None:
         """Records the worker may claim beside ``queued`` ones (None: no cap): its calls in flight and
-        one round queued behind them, like one channel's claim."""
+        ``QUEUE_ROUNDS`` rounds queued behind them, like one channel's claim."""
         if self.limit is None:
             return None
         return max(0, (QUEUE_ROUNDS + 1) * self.limit - self.count - queued)
