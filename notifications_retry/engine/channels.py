@@ -138,7 +138,7 @@ class ChannelRuntime:
         return lease_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
 
     def start_reserve(self, conf: RetrySettings) -> float:
-        """What a record's lease must still hold when its call starts: its calls and the grace (the
+        """What a record's lease must still hold when its call starts: its calls and half the grace (the
         lease less :func:`~notifications_retry.delivery.channel_rules.start_allowance_seconds`)."""
         fallback = self.fallback.config if self.fallback is not None else None
         allowance = start_allowance_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)

@@ -346,8 +346,8 @@ class Claims:
         """Queue, count and report what a claim returned (on the worker's thread)."""
         runtimes, stats = self.runtimes, self.stats
         got: dict[int, int] = {}
-        now_mono = self.monotonic()
-        now, reserves = self.now(), {cid: rt.start_reserve(self.conf) for cid, rt in runtimes.items()}
+        now_mono, now = self.monotonic(), self.now()
+        reserves = {p.channel_id: runtimes[p.channel_id].start_reserve(self.conf) for p in plan}
         for record in batch.records:
             rt = runtimes[record.channel_id]
             if record.lease_expires_at is not None:  # the latest its call may start (engine.channels)
