@@ -271,3 +271,65 @@ class AnswersAtOnce:
     async def send_async(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
         self.sent.append(record.id)
         return Outcome(record, SENT)
+
+
+def loop_dispatcher(
+    time: FakeTime,
+    db: FakeDatabase,
+    executor: AnswersAtOnce,
+    loop: Any,
+    stopping: Callable[[], bool],
+    *,
+    commit_delay: float | None = None,
+) -> tuple[Dispatcher, Completer]:
+    """The real dispatcher of channel 1 (``hooks``) on ``loop`` (a real send loop), the fake clock and
+    database, and its completer (``commit_delay``: its batch delay; None, the default one)."""
+
+    def sleep(seconds: float) -> None:
+        assert time.t < 60, "the tick went on past every bound"
+        time.sleep(seconds)
+
+    delay = {} if commit_delay is None else {"max_delay": commit_delay}
+    completer = Completer(
+        clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
+        commit=db.commit, **delay,
+    )  # fmt: skip
+    dispatcher = Dispatcher(
+        conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
+        send_loop=lambda: loop, monotonic=time.monotonic, lane_priorities=None, db=db, sleep=sleep,
+        stopping=stopping,
+    )  # fmt: skip
+    return dispatcher, completer
+
+
+def run_loop_tick(
+    time: FakeTime,
+    db: FakeDatabase,
+    executor: AnswersAtOnce,
+    rt: ChannelRuntime,
+    *,
+    max_duration: float = 45.0,
+    lock: FakeLock | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+    commit_delay: float | None = None,
+    finish_within: float = 5.0,
+) -> TickStats:
+    """One tick of ``rt`` (channel 1) by :func:`loop_dispatcher` on a real send loop of its own."""
+    from notifications_retry.asyncio_bridge import SteppedLoop
+
+    loop = SteppedLoop()
+    dispatcher, completer = loop_dispatcher(time, db, executor, loop, stopping, commit_delay=commit_delay)
+    stats = TickStats(run_id="send-loop")
+    dispatcher.reporter.begin_tick(stats, Log())
+    rt.reset_for_tick(rt.config)
+    try:
+        deadline = time.t + max_duration
+        dispatcher.run(
+            {1: rt}, stats, batch_size=1000, deadline=deadline, lock=lock or FakeLock(time), bound=Log()
+        )  # type: ignore[arg-type]
+        dispatcher.finish_calls(Log(), finish_within)
+        while completer.pending:
+            completer.commit(Log())
+    finally:
+        loop.close()
+    return stats

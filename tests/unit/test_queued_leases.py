@@ -6,16 +6,12 @@ waiting past its ``start_by``, and it is given back unsent, then claimed again w
 
 from __future__ import annotations
 
-from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.delivery.channel_rules import start_allowance_seconds
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.dispatcher import Dispatcher
-from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.models import ChannelConfig
 from notifications_retry.outcomes import ClaimedRecord, Outcome
 from notifications_retry.providers.webhook import WebhookProvider
-from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeLock, FakeTime, Log
+from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeTime, run_loop_tick
 
 TIMEOUT = 5.0
 
@@ -40,28 +36,8 @@ def run(time: FakeTime, db: FakeDatabase, executor: SlowAnswers, *, max_duration
         options={"url": "https://hooks.example.com/in"},
     )  # fmt: skip
     rt = ChannelRuntime(config, WebhookProvider(config.settings()), CONF, max_concurrency=2, rate_limit=None)
-    rt.reset_for_tick(config)
-    loop = SteppedLoop()
-    completer = Completer(
-        clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
-        commit=db.commit, max_delay=0.0,  # fake time stands still between calls: commit at once
-    )  # fmt: skip
-    dispatcher = Dispatcher(
-        conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
-        send_loop=lambda: loop, monotonic=time.monotonic, lane_priorities=None, db=db, sleep=time.sleep,
-        stopping=lambda: False,
-    )  # fmt: skip
-    stats = TickStats(run_id="queued-leases")
-    dispatcher.reporter.begin_tick(stats, Log())
-    try:
-        dispatcher.run(
-            {1: rt}, stats, batch_size=1000, deadline=time.t + max_duration, lock=FakeLock(time), bound=Log()
-        )
-        dispatcher.finish_calls(Log(), 60.0)
-        while completer.pending:
-            completer.commit(Log())
-    finally:
-        loop.close()
+    # Fake time stands still between calls: outcomes are committed at once, not after a batch delay.
+    run_loop_tick(time, db, executor, rt, max_duration=max_duration, commit_delay=0.0, finish_within=60.0)
     return rt
 
 

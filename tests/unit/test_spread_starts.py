@@ -9,12 +9,18 @@ from typing import Any
 import pytest
 
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.dispatcher import Dispatcher
-from notifications_retry.engine.reporting import OutcomeReporter, TickStats
+from notifications_retry.engine.reporting import TickStats
 from notifications_retry.models import ChannelConfig
 from notifications_retry.outcomes import ClaimedRecord, Outcome
-from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeLock, FakeTime, Log
+from tests.support.fake_tick import (
+    CONF,
+    AnswersAtOnce,
+    FakeDatabase,
+    FakeLock,
+    FakeTime,
+    loop_dispatcher,
+    run_loop_tick,
+)
 
 
 def _webhook_channel(*, max_concurrency: int = 16, rate: float | None = None, cap: Any = None) -> Any:
@@ -57,47 +63,12 @@ class _TimedAnswers(AnswersAtOnce):
         return await super().send_async(rt, record)
 
 
-def _dispatcher(
-    time: FakeTime, db: FakeDatabase, executor: AnswersAtOnce, loop: Any, stopping: Any
-) -> tuple[Dispatcher, Completer]:
-    """The real dispatcher on ``loop`` (a real send loop), the fake clock and database, and its completer."""
-
-    def sleep(seconds: float) -> None:
-        assert time.t < 60, "the tick went on past every bound"
-        time.sleep(seconds)
-
-    completer = Completer(
-        clock=time.clock, monotonic=time.monotonic, on_report=lambda report: None, max_batch=100,
-        commit=db.commit,
-    )  # fmt: skip
-    dispatcher = Dispatcher(
-        conf=CONF, executor=executor, completer=completer, reporter=OutcomeReporter({1: "hooks"}),  # type: ignore[arg-type]
-        send_loop=lambda: loop, monotonic=time.monotonic, lane_priorities=None, db=db, sleep=sleep,
-        stopping=stopping,
-    )  # fmt: skip
-    return dispatcher, completer
-
-
 def _paced_tick(
     time: FakeTime, db: FakeDatabase, executor: AnswersAtOnce, rt: ChannelRuntime, **run: Any
 ) -> TickStats:
     """One tick of ``rt`` on a real send loop, its starts spread (a mean call time of 12 ms)."""
-    from notifications_retry.asyncio_bridge import SteppedLoop
-
-    loop = SteppedLoop()
-    dispatcher, completer = _dispatcher(time, db, executor, loop, run.pop("stopping", lambda: False))
-    stats = TickStats(run_id="paced")
-    dispatcher.reporter.begin_tick(stats, Log())
-    rt.reset_for_tick(rt.config)
     rt.pacer.observe(0.012)
-    try:
-        dispatcher.run({1: rt}, stats, batch_size=1000, deadline=time.t + 45, bound=Log(), **run)
-        dispatcher.finish_calls(Log(), 5.0)
-        while completer.pending:
-            completer.commit(Log())
-    finally:
-        loop.close()
-    return stats
+    return run_loop_tick(time, db, executor, rt, **run)
 
 
 def test_a_stop_during_a_spread_burst_sends_none_of_the_starts_put_off_and_gives_them_back():
@@ -137,7 +108,7 @@ def test_a_stop_between_a_starts_spawn_and_its_first_step_sends_nothing_even_uns
     rt.reset_for_tick(rt.config)
     rt.queue.extend(db.add(1, 6))
     executor = AnswersAtOnce(time)
-    dispatcher, _ = _dispatcher(time, db, executor, loop, lambda: stop[0])
+    dispatcher, _ = loop_dispatcher(time, db, executor, loop, lambda: stop[0])
     dispatcher.ownership = Ownership(time.monotonic, 90.0)
     dispatcher.ownership.begin(time.t)
     try:
