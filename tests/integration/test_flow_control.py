@@ -1,4 +1,5 @@
-"""Flow control against a real HTTP server on 127.0.0.1: rate limit, 429 Retry-After, circuit breaker."""
+"""Flow control against a real HTTP server on 127.0.0.1: rate limit, 429 Retry-After, circuit breaker, and
+a queued record its lease can no longer cover (given back unsent)."""
 
 from __future__ import annotations
 
@@ -189,3 +190,36 @@ def test_circuit_of_one_channel_does_not_stop_another(clock, webhook_server, set
     stats = make_worker().tick()
     assert len(webhook_server.requests) == 2
     assert stats.sent == 20
+
+
+def test_a_record_queued_past_what_its_lease_covers_goes_back_with_its_attempt_and_is_sent_once(
+    clock, webhook_server, settings, make_worker
+):
+    # A lease covers one round of waiting (the timeout, 0.25 s and half the grace: 2.35 s here), but two
+    # rounds are queued: with one call at a time, each taking 1.5 s, the third row would start at 3 s.
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "LEASE_GRACE_SECONDS": 0.2}
+    webhook_server.responder = lambda request: Reply(200, {"id": "ok"}, delay=1.5)
+    channel = ChannelFactory(
+        key="slow",
+        provider_key="webhook",
+        options={"url": webhook_server.url},
+        max_concurrency=1,
+        timeout_seconds=2.0,
+    )
+    records = due(clock, channel, 3)
+    worker = make_worker()
+    with capture_logs() as logs:
+        first = worker.tick()
+    released = [e for e in logs if e["event"] == "records-released"]
+    assert [(e["count"], e["reason"]) for e in released] == [
+        (1, "queued until their lease could no longer cover a call")
+    ]
+    assert first.sent == 2 and len(webhook_server.requests) == 2
+    unsent = NotificationEntity.objects.get(pk__in=[r.pk for r in records], status=Status.FAILED)
+    assert unsent.attempts == 1 and unsent.claim_token is None, "given back unsent, with its attempt"
+    # The next tick claims it again, with a fresh lease: each row sent once, one attempt each.
+    assert worker.tick().sent == 1
+    assert sorted(webhook_server.keys()) == sorted(str(r.pk) for r in records)
+    for record in records:
+        record.refresh_from_db()
+        assert (record.status, record.attempts) == (Status.SENT, 2)
