@@ -195,16 +195,16 @@ def test_circuit_of_one_channel_does_not_stop_another(clock, webhook_server, set
 def test_a_record_queued_past_what_its_lease_covers_goes_back_with_its_attempt_and_is_sent_once(
     clock, webhook_server, settings, make_worker
 ):
-    # A lease covers one round of waiting (the timeout, 0.25 s and half the grace: 2.35 s here), but two
-    # rounds are queued: with one call at a time, each taking 1.5 s, the third row would start at 3 s.
+    # A lease covers one round of waiting (the timeout, 0.25 s and half the grace: 3.35 s here), but two
+    # rounds are queued: with one call at a time, each taking 2 s, the third row would start at 4 s.
     settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "LEASE_GRACE_SECONDS": 0.2}
-    webhook_server.responder = lambda request: Reply(200, {"id": "ok"}, delay=1.5)
+    webhook_server.responder = lambda request: Reply(200, {"id": "ok"}, delay=2.0)
     channel = ChannelFactory(
         key="slow",
         provider_key="webhook",
         options={"url": webhook_server.url},
         max_concurrency=1,
-        timeout_seconds=2.0,
+        timeout_seconds=3.0,
     )
     records = due(clock, channel, 3)
     worker = make_worker()
