@@ -326,7 +326,7 @@ def run_loop_tick(
         deadline = time.t + max_duration
         dispatcher.run(
             {1: rt}, stats, batch_size=1000, deadline=deadline, lock=lock or FakeLock(time), bound=Log()
-        )  # type: ignore[arg-type]
+        )
         dispatcher.finish_calls(Log(), finish_within)
         while completer.pending:
             completer.commit(Log())
