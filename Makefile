@@ -28,7 +28,8 @@ demo-stop:
 
 # The test suite against a real PostgreSQL (the local server, started when it is down), in
 # $(TEST_WORKERS) pytest-xdist processes, a test module per process at a time (each has its own test
-# database; TEST_WORKERS=0 runs in this process alone). Three on two cores: the process tests spend
+# database; TEST_WORKERS=0 runs in this process alone). NR_TEST_DATABASE_PREFIX=x_ prefixes every database
+# the suite creates, for runs that share a server. Three on two cores: the process tests spend
 # most of their time waiting for subprocesses and servers, so a third process fills that time.
 TEST_WORKERS ?= 3
 test: $(VENV)/.installed

@@ -17,7 +17,11 @@ _url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgr
 DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
 # A per-run test database, so concurrent runs on one server do not collide; subprocess workers
 # started by tests receive the concrete name through NR_TEST_DATABASE_NAME.
-DATABASES["default"]["TEST"] = {"NAME": os.environ.get("NR_TEST_DATABASE_NAME", f"test_nr_{os.getpid()}")}
+# NR_TEST_DATABASE_PREFIX prefixes every database the suite creates (tests.support.databases).
+_prefix = os.environ.get("NR_TEST_DATABASE_PREFIX", "")
+DATABASES["default"]["TEST"] = {
+    "NAME": os.environ.get("NR_TEST_DATABASE_NAME", f"{_prefix}test_nr_{os.getpid()}")
+}
 if os.environ.get("NR_TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["NR_TEST_DATABASE_NAME"]
 

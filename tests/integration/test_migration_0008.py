@@ -16,6 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.support.databases import database_name
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCENARIO = r"""
@@ -76,7 +78,7 @@ print("RESULT " + json.dumps(result))
 @pytest.fixture
 def scratch_database():
     url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    name = f"nr_mig0008_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = database_name(f"nr_mig0008_{os.getpid()}_{uuid.uuid4().hex[:6]}")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:

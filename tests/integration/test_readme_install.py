@@ -237,10 +237,15 @@ def test_the_install_section_pastes_into_a_new_project(tmp_path: Path):
         # allowed (check above: no W002).
         url = re.search(r'"url": "(http://127\.0\.0\.1:(\d+)(/[^"]*))"', README)
         assert url is not None
-        receiver = ScriptedServer(port=int(url[2])).start()
+        # The receiver takes a free port (the README's own port may be in use on this machine): the
+        # channel the recipe created is pointed at it, path kept.
+        receiver = ScriptedServer().start()
+        local_url = f"http://127.0.0.1:{receiver.httpd.server_address[1]}{url[3]}"
         try:
             sent = project.python(
                 "from notifications_retry import api; "
+                "from notifications_retry.models import ChannelConfig; "
+                f"ChannelConfig.objects.filter(key='local_hook').update(options={{'url': '{local_url}'}}); "
                 "n = api.create_notification(channel='local_hook', recipient='me', payload={'hi': 1}); "
                 "print(api.send_now(n).status)"
             )

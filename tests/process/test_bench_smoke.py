@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from tests.support.databases import database_name
 from tests.support.processes import REPO_ROOT
 
 pytestmark = [pytest.mark.process, pytest.mark.bench]
@@ -25,7 +26,7 @@ SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/
 @pytest.fixture
 def bench_database() -> Iterator[str]:
     """A benchmark database name of this run, dropped afterwards."""
-    name = f"nr_bench_smoke_{os.getpid()}"
+    name = database_name(f"nr_bench_smoke_{os.getpid()}")
     yield name
     with psycopg.connect(SERVER_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -66,8 +66,17 @@ def test_peak_rss_stays_bounded_under_header_floods_and_payloads_at_the_limit(st
         stop.set()
         watcher.join(2)
     assert status == 0, worker.output()[-3000:]
-    output = worker.output()
-    assert "processed=720" in output and "retried=320" in output, output[-3000:]
+    # The rows' states, not the tick's counters: on a loaded machine a call that outlives its lease is
+    # taken again within the same tick, and the counters then count it twice.
+    assert (
+        NotificationEntity.objects.filter(
+            channel=hook, status=NotificationEntity.Status.FAILED, attempts__gte=2
+        ).count()
+        == 320
+    )
+    assert (
+        NotificationEntity.objects.filter(channel=bulky, status=NotificationEntity.Status.SENT).count() == 400
+    )
     assert server.connections >= 32
     peak = max(seen)
     print(f"worker peak RSS: {peak:.0f} MB (bound {RSS_BOUND_MB} MB)")

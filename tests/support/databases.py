@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import uuid
 from collections.abc import Iterator
@@ -11,6 +12,15 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
+
+#: Set it to give every database the suite creates a prefix of your own (a shared server, several
+#: checkouts at once): ``NR_TEST_DATABASE_PREFIX=ci42_ make test``.
+PREFIX_ENV = "NR_TEST_DATABASE_PREFIX"
+
+
+def database_name(name: str) -> str:
+    """``name`` with this run's database prefix (:data:`PREFIX_ENV`), if any."""
+    return os.environ.get(PREFIX_ENV, "") + name
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,7 @@ def _admin_params() -> dict[str, Any]:
 def scratch_database(prefix: str = "nr_scratch") -> Iterator[ScratchDatabase]:
     """An empty database (no tables at all), dropped afterwards even if a process still uses it."""
     base = settings.DATABASES["default"]
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    name = database_name(f"{prefix}_{uuid.uuid4().hex[:10]}")
     with psycopg.connect(**_admin_params()) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     host, port = base["HOST"] or "127.0.0.1", str(base["PORT"] or 5432)
