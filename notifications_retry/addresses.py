@@ -1,10 +1,13 @@
 """Recipients as the suppression list stores them: one pure function, used on every side of the check.
 
-An email address has its domain case-folded (``Ann@Example.COM`` and ``Ann@example.com`` are one
-mailbox) and keeps its local part as written (RFC 5321 lets the receiving server tell ``Ann`` from
-``ann``); a recipient that is not an email address (a phone number, a device token, a user id) is kept
-verbatim. The worker's claim, the API, the admin and the ESP receiver all normalize through here, so a
-suppression written by one is found by the others.
+An email address compares as the ESPs compare it: whole, without case (``Ann@Example.COM`` and
+``ann@example.com`` are one mailbox to Postmark, Mailgun, SES and SendGrid, and to their own
+suppression lists), its surrounding whitespace and display name dropped. A recipient that is not an
+email address (a phone number, a device token, a user id) is kept verbatim: a push token or a user id
+may tell its cases apart, and nothing reports on those channels with another spelling. The worker's
+claim, the requeue, the API, the admin and the ESP receiver all normalize through here, so a
+suppression written by one is found by the others. Only the comparison uses this form: a notification
+is still sent to its recipient as written.
 """
 
 from __future__ import annotations
@@ -36,16 +39,17 @@ def is_email_address(recipient: str) -> bool:
 
 
 def normalize_recipient(recipient: str) -> str:
-    """The form the suppression list stores: an email address's domain case-folded, anything else verbatim.
+    """The form the suppression list stores and compares: an email address case-folded whole, else verbatim.
 
-    ``"Ann <Ann@Example.COM>"`` becomes ``"Ann@example.com"``; ``"+15551234567"`` stays as it is.
+    ``"Ann <Ann@Example.COM>"`` and ``" ann@example.com "`` become ``"ann@example.com"``;
+    ``"+15551234567"`` and ``"device-Token"`` stay as they are.
     """
     if not isinstance(recipient, str):
         raise TypeError(f"recipient must be a string, got {type(recipient).__name__}")
     parts = _split(recipient)
     if parts is None:
         return recipient
-    return f"{parts[0]}@{parts[1].casefold()}"
+    return f"{parts[0]}@{parts[1]}".casefold()
 
 
 __all__ = ["is_email_address", "normalize_recipient"]

@@ -21,7 +21,7 @@ class Suppression(models.Model):
     """A recipient not to be sent to, on one channel or on every one (``*``), and why.
 
     ``address`` is stored normalized (:func:`notifications_retry.addresses.normalize_recipient`): an
-    email address's domain case-folded, anything else verbatim. One row per (address, channel): a new
+    email address case-folded whole, anything else verbatim. One row per (address, channel): a new
     event for it extends the row (``last_event_at``, ``events``, ``expires_at``) instead of adding one.
     """
 
@@ -32,7 +32,7 @@ class Suppression(models.Model):
         MANUAL = "manual", "Added by hand"
         INVALID_RECIPIENT = "invalid_recipient", "Invalid recipient"
 
-    address = models.TextField(help_text="Normalized: an email address's domain case-folded, else verbatim.")
+    address = models.TextField(help_text="Normalized: an email address case-folded whole, else verbatim.")
     channel = models.CharField(max_length=64, default=ALL_CHANNELS, help_text="A channel key, or * for all.")
     reason = models.CharField(max_length=32, choices=Reason.choices)
     source = models.CharField(

@@ -31,14 +31,14 @@ def operator(*codenames: str) -> Client:
     return client
 
 
-def test_search_finds_an_address_however_its_domain_is_typed(admin_client):
+def test_search_finds_an_address_however_it_is_typed(admin_client):
     api.suppress("Ann@example.com")
     api.suppress("bob@example.com")
-    response = admin_client.get(reverse(LIST), {"q": "Ann@EXAMPLE.COM"})
+    response = admin_client.get(reverse(LIST), {"q": "ANN@EXAMPLE.COM"})
     assert response.status_code == 200
-    assert b"Ann@example.com" in response.content and b"bob@example.com" not in response.content
+    assert b"ann@example.com" in response.content and b"bob@example.com" not in response.content
     response = admin_client.get(reverse(LIST), {"q": "bob"})
-    assert b"bob@example.com" in response.content and b"Ann@example.com" not in response.content
+    assert b"bob@example.com" in response.content and b"ann@example.com" not in response.content
 
 
 def test_adding_goes_through_the_service_normalized_and_audited(admin_client):
@@ -56,7 +56,7 @@ def test_adding_goes_through_the_service_normalized_and_audited(admin_client):
     assert response.status_code == 302, response.content.decode()[-2000:]
     row = Suppression.objects.get()
     assert (row.address, row.channel, row.reason, row.source) == (
-        "Carol@example.com",
+        "carol@example.com",
         "email",
         "manual",
         "operator: admin",
