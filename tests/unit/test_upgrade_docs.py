@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import tomllib
 from pathlib import Path
 
-import notifications_retry
 from notifications_retry.engine import failures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,11 +35,3 @@ def test_the_exit_statuses_documented_are_the_ones_retry_worker_uses():
     assert "unreachable" in table[str(failures.EXIT_STATUS[failures.UNREACHABLE])]
     assert "not migrated" in table[str(failures.EXIT_STATUS[failures.NOT_MIGRATED])]
     assert "lock" in table["0"] and "bad options" in table["2"]
-
-
-def test_the_version_is_one_and_the_changelog_has_notes_for_it():
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "version" not in pyproject["project"]  # read from notifications_retry/version.py alone
-    changelog = (ROOT / "CHANGELOG.md").read_text()
-    assert f"## [{notifications_retry.__version__}]" in changelog
-    assert "docs/upgrading.md" in changelog.split("## [", 2)[1]  # the unreleased section points at it
