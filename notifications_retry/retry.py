@@ -41,6 +41,9 @@ class BackoffPolicy:
     base_seconds: float = 60.0
     cap_seconds: float = 3600.0
     jitter_ratio: float = 0.1
+    #: The longest wait after a provider's ``Retry-After``, its spread included (the worker's and the
+    #: monolith's policies take ``RETRY_AFTER_MAX_SECONDS``; the default bounds it at a year).
+    retry_after_max: float = MAX_DELAY_SECONDS
 
     def base_delay(self, attempts: int) -> float:
         """The delay before jitter: fixed, or ``min(cap, base * 2 ** (attempts - 1))``."""
@@ -68,12 +71,15 @@ def next_attempt_at(
 
     The provider's Retry-After (a 429, a 503) says when it will take the request: that time replaces the
     backoff's guess, spread upward by up to ``jitter_ratio`` (never before it, so a burst throttled
-    together does not return together) and never under ``MIN_RETRY_AFTER_SECONDS``. docs/guarantees.md
-    argues the choice, and what it costs the attempt budget.
+    together does not return together), never under ``MIN_RETRY_AFTER_SECONDS`` and never over
+    ``policy.retry_after_max``, the spread included: a Retry-After clamped to that maximum waits exactly
+    the maximum. docs/guarantees.md argues the choice, and what it costs the attempt budget.
     """
     if retry_after is not None:
         floor = max(MIN_RETRY_AFTER_SECONDS, retry_after)
-        delay = floor * (1 + rng.uniform(0, policy.jitter_ratio))
+        spread = floor * (1 + rng.uniform(0, policy.jitter_ratio))
+        # The bound applies after the spread; the 1 s floor wins over a maximum set below it.
+        delay = min(spread, max(MIN_RETRY_AFTER_SECONDS, policy.retry_after_max))
     else:
         delay = policy.delay(attempts, rng)
     # Whatever a provider asked for, the next attempt stays within a year: a datetime cannot hold

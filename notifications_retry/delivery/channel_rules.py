@@ -6,6 +6,8 @@ One home for both rules: the worker's claims (``engine.channels``) and the monol
 
 from __future__ import annotations
 
+from notifications_retry import bounds
+from notifications_retry.conf import RetrySettings
 from notifications_retry.models import ChannelConfig
 from notifications_retry.retry import BackoffPolicy
 
@@ -21,13 +23,19 @@ QUEUE_ROUNDS = 2
 LEASED_ROUNDS = 1
 
 
-def backoff_policy(channel: ChannelConfig, jitter_ratio: float) -> BackoffPolicy:
-    """The channel's retry backoff (``retry_backoff``, base, cap), spread by the ``JITTER_RATIO`` setting."""
+def backoff_policy(channel: ChannelConfig, conf: RetrySettings) -> BackoffPolicy:
+    """The channel's retry backoff (``retry_backoff``, base, cap), spread by the ``JITTER_RATIO`` setting,
+    and the longest wait a ``Retry-After`` gets (``RETRY_AFTER_MAX_SECONDS``, its spread included)."""
+    retry_after_max = conf.RETRY_AFTER_MAX_SECONDS
+    if not bounds.SETTINGS["RETRY_AFTER_MAX_SECONDS"].contains(retry_after_max):
+        # Check E001 reports the value; an outcome must still be decided within a bound.
+        retry_after_max = RetrySettings.RETRY_AFTER_MAX_SECONDS
     return BackoffPolicy(
         kind=channel.retry_backoff,
         base_seconds=float(channel.backoff_base_seconds),
         cap_seconds=float(channel.backoff_cap_seconds),
-        jitter_ratio=jitter_ratio,
+        jitter_ratio=conf.JITTER_RATIO,
+        retry_after_max=float(retry_after_max),
     )
 
 

@@ -84,7 +84,7 @@ def _decided(
     budget = attempt_budget(
         channel.max_attempts, channel.key, record.notification_type, conf.ATTEMPTS_BY_TYPE
     )
-    policy = backoff_policy(channel, conf.JITTER_RATIO)
+    policy = backoff_policy(channel, conf)
     decision = decide(failure, attempts=record.attempts, budget=budget, now=now, policy=policy, rng=rng)
     return outcome_of(
         record,

@@ -99,7 +99,7 @@ class ChannelRuntime:
         #: Queued records whose lease could no longer cover their call: the dispatcher gives them back.
         self.lapsed: list[ClaimedRecord] = []
         self.exhausted = False
-        self.policy = backoff_policy(config, conf.JITTER_RATIO)
+        self.policy = backoff_policy(config, conf)
 
     @property
     def inline(self) -> bool:

@@ -1,14 +1,21 @@
-"""``Retry-After`` parsing: seconds or HTTP-date, clamped to ``RETRY_AFTER_MAX_SECONDS``, never raising."""
+"""``Retry-After`` parsing: seconds or HTTP-date, clamped to ``RETRY_AFTER_MAX_SECONDS``, never raising;
+and the wait it gives, its spread included, bounded by the same setting."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import random
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from notifications_retry.conf import get_settings
+from notifications_retry.delivery.channel_rules import backoff_policy
 from notifications_retry.exceptions import ProviderThrottled
+from notifications_retry.models import ChannelConfig
+from notifications_retry.outcomes import RETRY, decide, failure_of
 from notifications_retry.providers.webhook import classify_response, parse_retry_after
+from notifications_retry.retry import BackoffPolicy, next_attempt_at
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -59,3 +66,44 @@ def test_throttled_answer_carries_the_clamped_value() -> None:
     with pytest.raises(ProviderThrottled) as info:
         classify_response(429, {"retry-after": "999999999999"}, b"")
     assert info.value.retry_after == 3600.0
+
+
+class HighestDraw(random.Random):
+    """Every draw at the top of its range: the longest spread the jitter can give."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_a_retry_after_clamped_to_the_maximum_is_not_spread_past_it() -> None:
+    policy = BackoffPolicy(jitter_ratio=0.1, retry_after_max=3600.0)
+    # 3600 is what an absurd Retry-After (999999999999, a year-9999 date) is clamped to.
+    assert next_attempt_at(1, NOW, HighestDraw(), policy, retry_after=3600.0) == NOW + timedelta(seconds=3600)
+    # Below the maximum the spread stays, up to the maximum.
+    assert next_attempt_at(1, NOW, HighestDraw(), policy, retry_after=100.0) == NOW + timedelta(seconds=110)
+    assert next_attempt_at(1, NOW, HighestDraw(), policy, retry_after=3500.0) == NOW + timedelta(seconds=3600)
+    # A maximum set under the 1 s floor: the floor wins, as for "Retry-After: 0".
+    low = BackoffPolicy(jitter_ratio=0.1, retry_after_max=0.5)
+    assert next_attempt_at(1, NOW, HighestDraw(), low, retry_after=0.5) == NOW + timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(("setting", "bound"), [(90, 90.0), (-1, 3600.0)])
+def test_the_decision_on_a_clamped_throttle_waits_the_setting_at_most(
+    settings: Any, setting: float, bound: float
+) -> None:
+    # The provider clamps the header; the channel's policy bounds the spread by the same setting
+    # (an invalid one, which check E001 names, by the default).
+    settings.NOTIFICATIONS_RETRY = {"RETRY_AFTER_MAX_SECONDS": setting, "JITTER_RATIO": 0.1}
+    with pytest.raises(ProviderThrottled) as info:
+        classify_response(429, {"retry-after": "999999999999"}, b"")
+    channel = ChannelConfig(key="hooks", provider_key="webhook", max_attempts=5)
+    decision = decide(
+        failure_of(info.value),
+        attempts=1,
+        budget=5,
+        now=NOW,
+        policy=backoff_policy(channel, get_settings()),
+        rng=HighestDraw(),
+    )
+    assert decision.result == RETRY
+    assert decision.next_attempt_at == NOW + timedelta(seconds=bound)
