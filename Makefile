@@ -1,25 +1,33 @@
-# The two commands of the README: `make demo` and `make test`. Everything they need is installed here.
+# The two commands of the README: `make demo` and `make test`. Everything they need is installed here,
+# in one $(VENV): `make demo` installs the app and the example project only; `make test` adds what the
+# tests, the linters and the benchmarks drive.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package tox lateness-bench threads-bench fairness-bench call-timeline
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package release-check tox lateness-bench threads-bench fairness-bench call-timeline
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-demo: pyproject.toml notifications_retry/version.py
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[example]'
+	touch $@
+
+$(VENV)/.installed: pyproject.toml notifications_retry/version.py
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test,example,dev,otel,bench]'
-	touch $@
+	touch $@ $(VENV)/.installed-demo
 
 # The example project's demo, on an embedded PostgreSQL in .pgdata unless DATABASE_URL is set; the
 # embedded server stops when the last command using it exits.
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	$(PY) manage.py demo
 
 # The admin on the demo data: a demo superuser (a fresh password, printed) and the development server on
 # 127.0.0.1:$(DEMO_PORT).
 DEMO_PORT ?= 8000
-demo-admin: $(VENV)/.installed
+demo-admin: $(VENV)/.installed-demo
 	$(PY) manage.py demo_admin --port $(DEMO_PORT)
 
 # Stop an embedded PostgreSQL left running in .pgdata (by a demo that was killed).
@@ -157,11 +165,15 @@ PYTHON ?= python3
 dist:
 	rm -rf dist && $(PYTHON) -m pip wheel -q --no-deps --wheel-dir dist .
 
-# Build the wheel and sdist into dist/ and prove a clean venv installs the wheel and runs the example.
-package: $(VENV)/.installed
+# A release as a user installs it (scripts/release_check.py): __version__, CHANGELOG.md's top release and
+# docs/upgrading.md's release table agree, and its last migration is the newest; the sdist and the wheel
+# build into dist/ and pass twine check; a fresh virtualenv with the wheel runs the example project's
+# check, migrate and one send on a throwaway database of the local server (DATABASE_URL).
+release-check: $(VENV)/.installed
 	bash scripts/ensure-postgres
-	rm -rf dist && $(PY) -m build --outdir dist .
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -q tests/integration/test_packaging.py
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) scripts/release_check.py $(RELEASE_CHECK_ARGS)
+
+package: release-check
 
 # Every tox environment; the pyenv interpreters (3.12, 3.13), when present, are put on PATH.
 PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[123]*/bin 2>/dev/null | tr '\n' ':')

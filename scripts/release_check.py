@@ -35,6 +35,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import tomllib
 import uuid
 import venv
 import zipfile
@@ -225,6 +226,10 @@ def distribution_problems(root: Path, wheel: Path, sdist: Path) -> list[str]:
     problems = []
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    requires = tomllib.loads((root / "pyproject.toml").read_text())["project"]["requires-python"]
+    if f"Requires-Python: {requires}" not in metadata:
+        problems.append(f"the wheel's METADATA lacks 'Requires-Python: {requires}'")
     for source in sorted((root / "notifications_retry").rglob("*")):
         relative = source.relative_to(root).as_posix()
         packaged = source.is_file() and "__pycache__" not in relative and source.suffix in PACKAGE_SUFFIXES
