@@ -21,8 +21,15 @@ from notifications_retry.models import ChannelConfig, NotificationEntity
 # A leased row has no due_at (db_rules.DUE_AT_RULE): the earliest lease expiry counts too, whatever
 # its channel (one probe of nr_lease_expiry_idx), so that a worker wakes when a dead worker's lease
 # lapses and its channel's claim gives the row back (delivery.lapsed_leases).
+#
+# PostgreSQL stores times Python's datetime cannot hold ('infinity', year 12000 written by raw SQL), and
+# psycopg refuses to read them ("timestamp too large"): the answer is clamped in SQL, as the claim
+# clamps a deadline, so such a row reads as due at the end of year 9999 (far away) or, before year 1,
+# as due now (a day's margin either side keeps any session time zone within datetime's range).
 _EARLIEST_DUE = f"""
-SELECT LEAST((
+SELECT CASE WHEN e.due IS NOT NULL THEN LEAST(GREATEST(e.due,
+    '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END
+FROM (SELECT LEAST((
     SELECT min(d.due_at)
     FROM {ChannelConfig._meta.db_table} c
     CROSS JOIN LATERAL (
@@ -35,7 +42,7 @@ SELECT LEAST((
 ), (
     SELECT min(l.claim_expires_at) FROM {NotificationEntity._meta.db_table} l
     WHERE l.claim_expires_at IS NOT NULL {{leases}}
-))
+)) AS due) e
 """
 
 
@@ -53,7 +60,8 @@ def earliest_due(
 ) -> datetime | None:
     """The earliest ``due_at`` (later than ``after``, if given) of an enabled channel among ``channels``
     (None: all), at one of ``priorities`` (None: any), or the earliest lease expiry if sooner; None
-    when no such row is due at all."""
+    when no such row is due at all. A time beyond what Python's datetime holds reads as 9999-12-30,
+    one before it as 0001-01-02."""
     # Conditions only when given: each variant keeps its own plan, an index range where it can.
     rows = ("AND t.due_at > %(after)s " if after is not None else "") + (
         "AND t.priority = ANY(%(priorities)s)" if priorities else ""

@@ -13,6 +13,13 @@ the lock held by another worker) must not make the worker tick again at once, ov
 a tick that took nothing, only rows falling due after that tick began count, until the interval
 ends or a paused channel may send again.
 
+A wait that cannot ask the database (a connection cut by a pooler, a proxy or a failover, a server
+restarting, an answer psycopg cannot read) heals itself: the port drops its connection, the wait
+pauses :data:`RECONNECT_FIRST_SECONDS`, doubled after each further failure up to the poll's period,
+and asks again on a new connection; so a worker whose connections were cut still wakes when its next
+row falls due, not at the end of its interval. The first failure of a run is logged
+(``wakeup-wait-failed``), and the question that succeeds again (``wakeup-wait-recovered``).
+
 The rule runs on a :class:`WakeupPort` (the database side), so unit tests drive it with a fake port
 and a fake clock: no thread, no sleep.
 """
@@ -21,11 +28,13 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
+import structlog
 
 from notifications_retry.clock import Clock
 from notifications_retry.delivery import wakeup
@@ -33,11 +42,18 @@ from notifications_retry.engine.partitions import RETRY_SECONDS, PartitionLock
 from notifications_retry.engine.reporting import TickStats
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.observability.heartbeat_file import BEAT_SECONDS
+from notifications_retry.retry import exponential_delay
 
 #: The fallback poll: the longest a worker waits without asking the database when its next row is due.
 POLL_SECONDS = 2.0
 #: The longest a wait runs without looking at the stop flag (a signal handler only sets it).
 STOP_CHECK_SECONDS = 0.2
+#: The pause after a wait could not ask the database, before it asks again on a new connection; doubled
+#: after each further failure, up to the poll's period (a database that stays away costs a connection
+#: attempt per poll, no more).
+RECONNECT_FIRST_SECONDS = 0.25
+
+default_log = structlog.get_logger("notifications_retry.worker")
 
 
 class Wake(enum.Enum):
@@ -46,7 +62,6 @@ class Wake(enum.Enum):
     DUE = "due"  # a row is due now
     INTERVAL = "interval"  # the interval ended (or a paused channel may send again)
     STOP = "stop"  # a stop was asked for
-    FAILED = "failed"  # the database could not be asked (:attr:`Waiter.error`): wait out the interval
 
 
 class WakeupPort(Protocol):
@@ -57,6 +72,9 @@ class WakeupPort(Protocol):
 
     def notified(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for a wake-up notification; True when one came."""
+
+    def reset(self) -> None:
+        """Drop the connection after a failure: the next question opens a new one (and LISTENs)."""
 
 
 class Waiter:
@@ -70,23 +88,77 @@ class Waiter:
         monotonic: Callable[[], float],
         stopping: Callable[[], bool],
         poll_seconds: float = POLL_SECONDS,
+        sleep: Callable[[float], object] = time.sleep,
+        log: Any = None,
     ) -> None:
         self.port = port
         self.clock = clock
         self.monotonic = monotonic
         self.stopping = stopping
         self.poll_seconds = poll_seconds
-        #: What the database raised when a wait ended :attr:`Wake.FAILED`.
+        #: Pauses between a failed question and the next (the worker's stop event waits, so a stop
+        #: cuts the pause short).
+        self.sleep = sleep
+        self.log = log if log is not None else default_log
+        #: Questions that failed in a row (across waits), and what the last one raised.
+        self.failures = 0
         self.error: psycopg.Error | None = None
+        self._failed_since = 0.0
+        self._retry_at = 0.0
 
     def wait(self, *, until: float, after: datetime | None = None) -> Wake:
-        """Wait until a row is due (later than ``after``, when given), or ``until`` (monotonic seconds)."""
+        """Wait until a row is due (later than ``after``, when given), or ``until`` (monotonic seconds).
+
+        A question the database cannot answer is asked again on a new connection after a pause that
+        grows with each failure in a row (module docstring): the wait goes on until ``until``.
+        """
+        while True:
+            if self.failures:
+                # Not past ``until``: the interval's end is the caller's to act on. The pause runs over
+                # the caller's steps (wait_for_work's heartbeat and partition looks) too.
+                self._pause(min(until, self._retry_at))
+            try:
+                return self._wait(until, after)
+            except psycopg.Error as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: psycopg.Error) -> None:
+        """Count and log a failed question, and drop the port's connection."""
+        self.failures += 1
+        self.error = exc
+        if self.failures == 1:
+            self._failed_since = self.monotonic()
+        # The first failure of a run, then at 2, 4, 8... in a row: a database away for long is said,
+        # not logged once a poll.
+        self._retry_at = self.monotonic() + self._backoff()
+        if self.failures & (self.failures - 1) == 0:
+            self.log.warning(
+                "wakeup-wait-failed",
+                error=f"{type(exc).__name__}: {exc}"[:300],
+                failures=self.failures,
+                retry_in_s=self._backoff(),
+            )
+        self.port.reset()
+
+    def _backoff(self) -> float:
+        return exponential_delay(max(1, self.failures), RECONNECT_FIRST_SECONDS, self.poll_seconds)
+
+    def _recovered(self) -> None:
+        self.log.info(
+            "wakeup-wait-recovered",
+            failures=self.failures,
+            after_s=round(self.monotonic() - self._failed_since, 3),
+        )
+        self.failures = 0
         self.error = None
-        try:
-            return self._wait(until, after)
-        except psycopg.Error as exc:
-            self.error = exc
-            return Wake.FAILED
+
+    def _pause(self, until: float) -> None:
+        """Sleep until ``until`` (monotonic), looking at the stop flag at least every slice."""
+        while not self.stopping():
+            left = until - self.monotonic()
+            if left <= 0:
+                return
+            self.sleep(min(left, STOP_CHECK_SECONDS))
 
     def _wait(self, until: float, after: datetime | None) -> Wake:
         while True:
@@ -96,6 +168,8 @@ class Waiter:
             if now >= until:
                 return Wake.INTERVAL
             earliest = self.port.earliest_due(after)
+            if self.failures:
+                self._recovered()
             due_at = math.inf
             if earliest is not None:
                 delay = (earliest - self.clock.now()).total_seconds()
@@ -191,5 +265,20 @@ class LockConnectionPort:
     def notified(self, seconds: float) -> bool:
         return wakeup.notified(self._conn(), seconds)
 
+    def reset(self) -> None:
+        # The lock's session is the one that failed: close it (a session lock dies with it anyway,
+        # and between ticks a lane's lock is not held); the next question reconnects and LISTENs.
+        self.lock.close()
+        self._listening = None
 
-__all__ = ["POLL_SECONDS", "LockConnectionPort", "Waiter", "Wake", "WakeupPort", "reopens_at", "wake_after"]
+
+__all__ = [
+    "POLL_SECONDS",
+    "RECONNECT_FIRST_SECONDS",
+    "LockConnectionPort",
+    "Waiter",
+    "Wake",
+    "WakeupPort",
+    "reopens_at",
+    "wake_after",
+]

@@ -39,7 +39,7 @@ from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.loop_completer import LoopCompleter
 from notifications_retry.engine.partitions import PartitionLock, lane_lock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, Wake, reopens_at, wake_after
+from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, reopens_at, wake_after
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.observability import metrics, tracing
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
@@ -114,6 +114,9 @@ class Worker:
             clock=self.clock,
             monotonic=monotonic,
             stopping=self._stop.is_set,
+            # A failed wait pauses on the stop event before it reconnects: a stop cuts the pause short.
+            sleep=self._stop.wait,
+            log=log.bind(lane=self.lane),
         )
         #: The loop the sends run on, run by this worker's own thread whenever the tick waits.
         self._send_loop = SteppedLoop()
@@ -221,8 +224,9 @@ class Worker:
         return ticks
 
     def _wait_for_work(self, last: TickStats, started: float, until: float) -> bool:
-        """Wait until a row falls due or ``until``; False when the database could not be asked (the
-        caller then waits out the interval). ``started``: when the last tick began (monotonic)."""
+        """Wait until a row falls due or ``until``; False when the database clock could not be read (the
+        caller then waits out the interval). A wait whose connection fails reconnects and goes on
+        (engine.wakeup). ``started``: when the last tick began (monotonic)."""
         # A tick that ended on its own took every due row it could; the rows due before it began that
         # are still due are ones it could not take (channel paused, circuit open, poison, another
         # worker's lock): only rows falling due since wake the worker (engine.wakeup.wake_after), or a
@@ -237,14 +241,7 @@ class Worker:
         until = min(until, reopens_at(pauses, self.monotonic()))
         partitioned = self.lock if isinstance(self.lock, PartitionLock) else None
         beat = (lambda: self._beat(when_due=True)) if self.heartbeat is not None else None
-        if (
-            self.waiter.wait_for_work(until=until, after=after, partitions=partitioned, beat=beat)
-            is Wake.FAILED
-        ):
-            error = self.waiter.error
-            log.warning("wakeup-wait-failed", lane=self.lane, error=f"{type(error).__name__}: {error}"[:300])
-            self.lock.close()
-            return False
+        self.waiter.wait_for_work(until=until, after=after, partitions=partitioned, beat=beat)
         return True
 
     def close(self) -> None:
