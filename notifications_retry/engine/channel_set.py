@@ -1,6 +1,8 @@
 """The lane's channels as a worker loads them before each tick: their runtimes (engine.channels), kept
 across ticks and rebuilt when a channel's configuration changes, and the channels that cannot send
-reported (``channel-disabled``)."""
+reported (``channel-disabled``). Every configured channel of the lane, usable or not, has its labelled
+counter series at zero from the worker's start (:meth:`ChannelSet.precreate_series`), and a channel
+added later from the next load that reads it."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.models import Count
 
 from notifications_retry.conf import RetrySettings, tenant_rate_limits
@@ -45,12 +48,45 @@ class ChannelSet:
         self._fingerprints: dict[int, tuple[Any, ...]] = {}
         #: The reason last logged for each unusable channel: ``channel-disabled`` is logged when it changes.
         self._reported: dict[int, str] = {}
+        #: Channels (by key) and (channel, fallback) pairs whose labelled series exist already.
+        self._series: set[str] = set()
+        self._failover_series: set[tuple[str, str]] = set()
         self._factory = provider_factory or (lambda c: get_provider_class(c.provider_key)(c.settings()))
+
+    def precreate_series(self) -> None:
+        """Create the labelled counter series of every channel configured for this lane at zero, before
+        the first tick: a scrape between the worker's start and a channel's first outcome sees 0, so
+        ``increase()`` counts a first batch. A database that cannot be read now leaves it to the first
+        tick's :meth:`load`, which does the same."""
+        try:
+            every = list(ChannelConfig.objects.all())
+        except DatabaseError:
+            return
+        self._precreate(self._served(every))
+
+    def _served(self, every: list[ChannelConfig]) -> list[ChannelConfig]:
+        return every if self.channels is None else [c for c in every if c.key in self.channels]
+
+    def _precreate(self, configs: list[ChannelConfig]) -> None:
+        """The series of ``configs`` not created yet (disabled and misconfigured channels too: they
+        count ``channel_disabled``), and of each one's failovers to a channel of the lane."""
+        new = [c.key for c in configs if c.key not in self._series]
+        if new:
+            metrics.precreate_series(new, metrics.BUILTIN_ERROR_KINDS, [])
+            self._series.update(new)
+        keys = {c.pk: c.key for c in configs}
+        pairs = {
+            (c.key, keys[c.fallback_id]) for c in configs if c.fallback_id in keys and c.fallback_id != c.pk
+        } - self._failover_series
+        if pairs:
+            metrics.precreate_series([], [], [], failovers=sorted(pairs))
+            self._failover_series |= pairs
 
     def load(self, now: datetime, bound: Any) -> tuple[dict[int, ChannelRuntime], dict[str, int]]:
         """Usable channels of this lane, and how many due rows wait on each unusable one (by key)."""
         every = list(ChannelConfig.objects.all())
-        configs = every if self.channels is None else [c for c in every if c.key in self.channels]
+        configs = self._served(every)
+        self._precreate(configs)
         usable: dict[int, ChannelRuntime] = {}
         unusable: dict[int, tuple[ChannelConfig, str]] = {}
         for config in configs:
@@ -138,8 +174,6 @@ class ChannelSet:
             )
             # A new breaker starts closed; publishing it makes "circuit open" alerts resolvable.
             metrics.CIRCUIT_STATE.labels(config.key).set(metrics.CIRCUIT_STATE_VALUES["closed"])
-            # Every labelled series at zero from the start, so a first batch of failures is an increase.
-            metrics.precreate_series([config.key], metrics.BUILTIN_ERROR_KINDS, [])
             self.runtimes[config.pk] = runtime
             self._fingerprints[config.pk] = fingerprint
         runtime.reset_for_tick(config)

@@ -108,6 +108,7 @@ class Worker:
         served = lane_channels(conf.LANES, self.lane)
         cap = InFlightCap(self.max_in_flight)
         self.channels = ChannelSet(conf, conf.LANES, self.lane, served, cap=cap)
+        self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
         priorities = list(lane_conf.get("priorities") or []) or None
         self.waiter = Waiter(
             LockConnectionPort(self.lock, channels=served, priorities=priorities),
