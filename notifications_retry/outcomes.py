@@ -134,6 +134,9 @@ class Outcome:
     evidence: Evidence | None = None
     #: What started the attempt (evidence.TRIGGERS); None: finalize reads it from the row.
     trigger: str | None = None
+    #: The call was its channel's circuit-breaker probe (the circuit open, one call let through per
+    #: cool-down): endpoint health judges a failed one on fewer calls (health_rules.probing_minimum).
+    probe: bool = False
 
     @property
     def emits_event(self) -> bool:

@@ -63,6 +63,9 @@ class FinalizeReport:
     applied: list[Outcome] = dataclasses.field(default_factory=list)
     stale: list[Outcome] = dataclasses.field(default_factory=list)
     failed: list[Outcome] = dataclasses.field(default_factory=list)
+    #: Channels (ids) the outcomes called that are disabled now: by this commit's health change,
+    #: earlier, or by an operator (delivery.health). The worker starts no further call on them.
+    disabled: list[int] = dataclasses.field(default_factory=list)
 
 
 #: A test hook: called inside a bulk finalize's transaction, just before it commits (the process
@@ -144,6 +147,12 @@ _OUTBOX_COPY = (
 
 def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> list[Outcome]:
     """Write outcomes (and their events) in the caller's transaction; returns those applied."""
+    return _apply(outcomes, now, guarded=guarded)[0]
+
+
+def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> tuple[list[Outcome], list[int]]:
+    """:func:`apply_outcomes`, and the called channels disabled now (by id; delivery.health)."""
+    disabled: list[int] = []
     with connection.cursor() as cursor:
         if guarded:  # the claim's own transaction (unguarded) is bounded already
             bound_transaction(cursor)
@@ -152,8 +161,8 @@ def apply_outcomes(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool)
         # settled inside their claim (unguarded) come from inline providers, which have no endpoint:
         # counting them would only make two claimers' transactions wait on one bucket row.
         if guarded:
-            health.record(cursor, applied, now)
-    return applied
+            disabled = health.record(cursor, applied, now)
+    return applied, disabled
 
 
 def outcome_steps(
@@ -278,10 +287,11 @@ def finalize(outcomes: Iterable[Outcome], now: datetime, *, log: Any = None) -> 
         return report
     try:
         with transaction.atomic():
-            applied = apply_outcomes(outcomes, now, guarded=True)
+            applied, disabled = _apply(outcomes, now, guarded=True)
             if BEFORE_COMMIT is not None:
                 BEFORE_COMMIT()
         _sort(report, outcomes, applied)
+        report.disabled = disabled
         return report
     except DatabaseError as exc:
         if connection_lost(exc) and not reachable():
@@ -291,8 +301,9 @@ def finalize(outcomes: Iterable[Outcome], now: datetime, *, log: Any = None) -> 
     for index, outcome in enumerate(outcomes):
         try:
             with transaction.atomic():
-                applied = apply_outcomes([outcome], now, guarded=True)
+                applied, disabled = _apply([outcome], now, guarded=True)
             _sort(report, [outcome], applied)
+            report.disabled.extend(c for c in disabled if c not in report.disabled)
         except DatabaseError as exc:
             if connection_lost(exc) and not reachable():
                 # What was applied one by one so far is committed; hand back only the rest.
@@ -307,14 +318,16 @@ class NeedsDjango(Exception):
     """A batch whose commit writes through Django's ORM: :func:`finalize` commits it instead."""
 
 
-def commit_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Outcome]]:
+def commit_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[tuple[list[Outcome], list[int]]]:
     """A bulk finalize's statements: the outcomes and their events, the endpoint health window;
-    returns the outcomes applied. Raises :class:`NeedsDjango` (the
-    transaction then rolls back) where Django's ORM has to write: a suppression, a health change."""
+    returns the outcomes applied and the called channels found disabled (by id). Raises
+    :class:`NeedsDjango` (the transaction then rolls back) where Django's ORM has to write: a
+    suppression, a health change."""
     applied = yield from outcome_steps(outcomes, now, guarded=True, orm=False)
-    if (yield from health.window_steps(applied, now)):
+    judged = yield from health.window_steps(applied, now)
+    if judged.changes:
         raise NeedsDjango("an endpoint's health change is written through Django's ORM")
-    return applied
+    return applied, judged.disabled
 
 
 async def finalize_async(
@@ -328,8 +341,9 @@ async def finalize_async(
     if not outcomes:
         return report
     steps = bounded(commit_steps(outcomes, now))
-    applied = await run_transaction_async(conn, steps, before_commit=BEFORE_COMMIT)
+    applied, disabled = await run_transaction_async(conn, steps, before_commit=BEFORE_COMMIT)
     _sort(report, outcomes, applied)
+    report.disabled = disabled
     return report
 
 

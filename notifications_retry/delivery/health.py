@@ -8,7 +8,9 @@ applies what :func:`notifications_retry.health_rules.assess` says. A change upda
 ``pin.notifications.channel-health.v1`` outbox event, all in that transaction; the log event, the
 metric and the ``channel_health_changed`` signal follow its commit. Its statements are
 :func:`window_steps`, so that a commit on the send loop's connection runs them too; a change is
-written through Django's ORM (that rare batch is committed on Django's connection).
+written through Django's ORM (that rare batch is committed on Django's connection). The sums read each
+called channel's row: the commit also tells which of them are disabled now (by this change, another
+worker's or an operator's), and the worker stops calling those at once (engine.dispatcher).
 
 :func:`reenable` is the operator's way back (the admin's action): audited, refused during the
 cooldown after an automatic disable, and it starts the window afresh. :func:`prune_buckets` deletes the
@@ -29,7 +31,7 @@ from notifications_retry import health_rules, signals
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
 from notifications_retry.exceptions import InvalidTransition
-from notifications_retry.health_rules import DISABLED, GONE, OK, Thresholds, Transition, Window
+from notifications_retry.health_rules import DISABLED, OK, Thresholds, Transition, Window
 from notifications_retry.models import (
     CHANNEL_HEALTH_TOPIC,
     CONTRACT_VERSION,
@@ -55,30 +57,47 @@ ON CONFLICT (channel_id, bucket_start) DO UPDATE
 SET attempts = {_BUCKET}.attempts + EXCLUDED.attempts, failures = {_BUCKET}.failures + EXCLUDED.failures
 """
 
+# A disabled channel's buckets are not summed (it is not judged), but its row is read: is_enabled.
 _WINDOW = f"""
-SELECT c.id, c.health_state, COALESCE(sum(b.attempts), 0), COALESCE(sum(b.failures), 0)
+SELECT c.id, c.health_state, c.is_enabled, COALESCE(sum(b.attempts), 0), COALESCE(sum(b.failures), 0)
 FROM {_CHANNEL} c
-LEFT JOIN {_BUCKET} b ON b.channel_id = c.id
+LEFT JOIN {_BUCKET} b ON b.channel_id = c.id AND c.health_state <> 'disabled'
      AND b.bucket_start >= GREATEST(%(since)s, COALESCE(c.health_window_start, %(since)s))
-WHERE c.id = ANY(%(ids)s) AND c.health_state <> 'disabled'
+WHERE c.id = ANY(%(ids)s)
 GROUP BY c.id
 """
 
 
+def counted(o: Outcome) -> bool:
+    """Whether an outcome is a call endpoint health counts. Throttling (429) is not: the endpoint is up
+    and asks to slow down, which the rate limit and the circuit handle. A failover's delivery is left
+    out: the answer was the fallback's. No evidence: no provider was called."""
+    return not (o.evidence is None or o.delivered_by or (o.result != SENT and o.error_kind == THROTTLED))
+
+
+def disables_at_once(o: Outcome) -> bool:
+    """Whether this outcome alone disables its channel once committed (a counted call answered 410
+    Gone): the worker stops calling the channel as soon as it has the outcome, before the commit."""
+    return (
+        o.result != SENT
+        and o.evidence is not None
+        and counted(o)
+        and health_rules.gone(o.evidence.status_code)
+    )
+
+
 def _counts(outcomes: Sequence[Outcome]) -> dict[int, list[int]]:
-    """Per channel: provider calls, failed ones, 410s. Throttling (429) is neither: the endpoint is up
-    and asks to slow down, which the rate limit and the circuit handle. A failover's delivery is left out:
-    the answer was the fallback's."""
+    """Per channel: counted calls, failed ones, 410s, failed probes of its circuit breaker."""
     counts: dict[int, list[int]] = {}
     for o in outcomes:
-        if o.evidence is None or o.delivered_by or (o.result != SENT and o.error_kind == THROTTLED):
+        if not counted(o):
             continue
-        row = counts.setdefault(o.record.channel_id, [0, 0, 0])
+        row = counts.setdefault(o.record.channel_id, [0, 0, 0, 0])
         row[0] += 1
         if o.result != SENT:
             row[1] += 1
-            if o.evidence.status_code == GONE:
-                row[2] += 1
+            row[2] += disables_at_once(o)
+            row[3] += o.probe
     return counts
 
 
@@ -92,20 +111,36 @@ class HealthChange:
     window: Window
 
 
-def record(cursor: Any, outcomes: Sequence[Outcome], now: datetime) -> None:
-    """Add ``outcomes``' provider calls to the health window, then apply any change (caller's transaction)."""
-    for found in run_steps(window_steps(outcomes, now), cursor):
-        change(found.channel_id, found.expected, found.transition, now, window=found.window)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Judged:
+    """What :func:`window_steps` found: the changes to apply, and the called channels found disabled
+    (``is_enabled`` False: by their health check or by an operator), by id."""
+
+    changes: list[HealthChange]
+    disabled: list[int]
 
 
-def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[HealthChange]]:
+def record(cursor: Any, outcomes: Sequence[Outcome], now: datetime) -> list[int]:
+    """Add ``outcomes``' provider calls to the health window, then apply any change (caller's
+    transaction); returns the called channels disabled now (found so, or by this change), by id."""
+    judged = run_steps(window_steps(outcomes, now), cursor)
+    disabled = list(judged.disabled)
+    for found in judged.changes:
+        entry = change(found.channel_id, found.expected, found.transition, now, window=found.window)
+        if entry is not None and entry.state == DISABLED:
+            disabled.append(found.channel_id)
+    return disabled
+
+
+def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
     """The statements that add the calls to their buckets and sum the windows (delivery.statements);
-    returns the changes to apply (:func:`change` writes them through Django's ORM)."""
+    returns the changes to apply (:func:`change` writes them through Django's ORM) and the called
+    channels found disabled."""
     counts = _counts(outcomes)
     if not counts:
-        return []
+        return Judged([], [])
     limits = Thresholds.of(get_settings())
-    rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, _) in sorted(counts.items())]
+    rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, *_) in sorted(counts.items())]
     start = health_rules.bucket_start(now, limits)
     yield Statement(_UPSERT, {"rows": json_document(rows), "start": start}, rows=False)
     since = now - timedelta(seconds=limits.window_seconds)
@@ -114,12 +149,16 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[list[Healt
     # The sum reads at most one window's buckets a channel, in the round trip the batch makes anyway.
     sums = yield Statement(_WINDOW, {"since": since, "ids": list(counts)})
     changes: list[HealthChange] = []
-    for cid, state, attempts, failures in sums:
-        window = Window(int(attempts), int(failures), gone=counts[cid][2] > 0)
+    disabled: list[int] = []
+    for cid, state, enabled, attempts, failures in sums:
+        if not enabled:
+            disabled.append(cid)
+        _, _, gone, probes = counts[cid]
+        window = Window(int(attempts), int(failures), gone=gone > 0, probing=probes > 0)
         transition = health_rules.assess(state, window, limits)
         if transition is not None:
             changes.append(HealthChange(cid, state, transition, window))
-    return changes
+    return Judged(changes, disabled)
 
 
 def prune_buckets(*, now: datetime) -> int:

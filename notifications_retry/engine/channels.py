@@ -1,7 +1,9 @@
 """Channels as the worker holds them: a provider and flow-control state per channel, kept across ticks.
 
 A runtime is rebuilt only when its configuration changes (:func:`channel_fingerprint`), so a circuit
-that opened, a Retry-After pause and the rate limiter's schedule survive from one tick to the next.
+that opened, a Retry-After pause and the rate limiter's schedule survive from one tick to the next. A
+channel found disabled during a tick (a 410 Gone, its failure ratio, an operator) is :attr:`stopped`:
+no call starts on it, and nothing more is claimed for it, until a tick loads it enabled again.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class ChannelRuntime:
         #: Queued records whose lease could no longer cover their call: the dispatcher gives them back.
         self.lapsed: list[ClaimedRecord] = []
         self.exhausted = False
+        #: Why no call may start on this channel any more this tick ("": it may): it was found disabled.
+        self.stopped = ""
         self.policy = backoff_policy(config, conf)
 
     @property
@@ -146,7 +150,7 @@ class ChannelRuntime:
 
     def capacity(self, now_mono: float, chunk: int) -> int:
         """How many more records to claim for this channel now (0: none)."""
-        if self.exhausted or now_mono < self.claim_after:
+        if self.exhausted or self.stopped or now_mono < self.claim_after:
             return 0
         if now_mono < self.paused_until:
             return self._fallback_capacity(now_mono)
@@ -191,8 +195,8 @@ class ChannelRuntime:
 
     def accepts_failover(self, now_mono: float) -> bool:
         """Whether this channel, as a fallback, may be given other channels' attempts at all now: not
-        paused, circuit not open (half open: only when its probe is not taken yet)."""
-        if now_mono < self.paused_until:
+        paused, circuit not open (half open: only when its probe is not taken yet), not disabled."""
+        if self.stopped or now_mono < self.paused_until:
             return False
         # Half open: the failover call becomes the probe, unless the channel's own probe is out or queued.
         return self.breaker.capacity(now_mono, 1, queued=len(self.queue)) > 0
@@ -231,7 +235,7 @@ class ChannelRuntime:
 
     def can_start(self, now_mono: float) -> bool:
         """Whether a send on this channel's own provider may start now."""
-        if self.bypassed(now_mono) or not self.limiter.ready(now_mono):
+        if self.stopped or self.bypassed(now_mono) or not self.limiter.ready(now_mono):
             return False
         return self.inline or (self.inflight < self.max_concurrency and self.cap.free)
 
@@ -286,6 +290,7 @@ class ChannelRuntime:
         """A new tick: fresh config row, nothing queued (calls still in flight keep their count)."""
         self.config = config
         self.exhausted = False
+        self.stopped = ""  # loaded enabled: re-enabled since, or the disable was never committed
         self.claim_after = 0.0
         self.queue.clear()
         self.lapsed.clear()

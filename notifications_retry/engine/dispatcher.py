@@ -9,11 +9,17 @@ the channel's next queued record itself, within that step; its outcome is handed
 thread only, with no lock. Records a channel can no longer send (its circuit opened, the provider
 asked it to wait) are given back (after a throttle, due again when the pause ends) — unless the
 channel has a fallback that can take them (engine.failover).
+
+A channel found disabled during the tick stops at once: as soon as the worker has an outcome that
+disables it by itself (a 410 Gone, delivery.health.disables_at_once), or a commit that found it disabled
+(its failure ratio, another worker's change, an operator's), no further call starts on it, the calls in
+flight finish, and its queued records are given back unsent with their attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +29,7 @@ import structlog
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
 from notifications_retry.delivery import Partitions
+from notifications_retry.delivery.health import disables_at_once
 from notifications_retry.engine.channels import ChannelRuntime, next_wait
 from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
@@ -81,6 +88,10 @@ class Dispatcher:
         self.monotonic = monotonic
         self.stopping = stopping
         self.lane_priorities = lane_priorities
+        #: The tick's channels (set by :meth:`run`): a commit that found one disabled stops it.
+        self.runtimes: dict[int, ChannelRuntime] = {}
+        if reporter is not None:  # some unit tests run a dispatcher without one
+            reporter.on_disabled = self._found_disabled
         self.running = 0  # calls started and not yet handed back through ``done``
         #: When the last call started (monotonic): queued records still start after claiming stopped.
         self.last_start = 0.0
@@ -126,6 +137,7 @@ class Dispatcher:
     ) -> None:
         """Claim, send and commit until done, the batch is full, the deadline passed, or a stop was asked."""
         self.feedback.bound = bound
+        self.runtimes = runtimes
         completer = self.completer
         claiming = True
         remaining = batch_size
@@ -248,6 +260,32 @@ class Dispatcher:
         """Whether a new provider call may start: no stop asked, the cycle still ours (engine.ownership)."""
         return not self.stopping() and self.ownership is not None and self.ownership.may_send(at)
 
+    def _stop(self, rt: ChannelRuntime, why: str) -> None:
+        """No further call starts on ``rt`` this tick (it was found disabled); what it has queued is
+        given back by :meth:`_start`, on this thread and outside the send loop's steps."""
+        if rt.stopped:
+            return
+        rt.stopped = why
+        (self.feedback.bound or log).warning(
+            "channel-calls-stopped", channel=rt.key, reason=why, in_flight=rt.inflight, queued=len(rt.queue)
+        )
+        self.send_loop().signal()  # the dispatcher's wait ends: the queue goes back now
+
+    def _found_disabled(self, channel_ids: list[int]) -> None:
+        """A commit found these channels disabled (the completer's report, on this thread)."""
+        for cid in channel_ids:
+            rt = self.runtimes.get(cid)
+            if rt is not None:
+                self._stop(rt, "the channel was disabled (its endpoint health or an operator)")
+
+    def _outcome(self, rt: ChannelRuntime, outcome: Outcome, probe: bool) -> Outcome:
+        """A call's outcome, marked when it was its circuit's probe; a 410 Gone stops ``rt`` at once."""
+        if probe:
+            outcome = dataclasses.replace(outcome, probe=True)
+        if disables_at_once(outcome):
+            self._stop(rt, "the endpoint answered 410 Gone")
+        return outcome
+
     def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
         queued = [record for rt in runtimes.values() for record in [*take_queue(rt), *rt.take_lapsed()]]
@@ -263,6 +301,10 @@ class Dispatcher:
         if not self._may_send():
             return  # after a stop, what is queued is given back; unconfirmed, it waits for the lock
         for rt in runtimes.values():
+            if rt.stopped:
+                if rt.queue:  # claimed before it was found disabled, or by a claim already running
+                    self.give_back.release(take_queue(rt), f"channel {rt.key} stopped before they were sent")
+                continue
             if rt.inline:
                 outcomes: list[Outcome] = []
                 held: list[ClaimedRecord] = []
@@ -278,7 +320,7 @@ class Dispatcher:
                 elif held:
                     self.give_back.unsendable(rt, held)
                 continue
-            started: list[ClaimedRecord] = []
+            started: list[tuple[ClaimedRecord, bool]] = []
             rerouted: list[Rerouted] = []
             given_back: list[ClaimedRecord] = []
             if rt.fallback is not None and rt.queue:
@@ -289,10 +331,9 @@ class Dispatcher:
                 # provider asked to wait): nothing would ever start them this tick.
                 given_back = take_queue(rt)
             while (record := rt.next_startable(self.monotonic())) is not None:
-                started.append(record)
-                self._call_started(rt)
+                started.append((record, self._call_started(rt)))
             if started:
-                self.send_loop().spawn(self._slot(rt, record) for record in started)
+                self.send_loop().spawn(self._slot(rt, record, probe) for record, probe in started)
             if rerouted:
                 self.last_start = self.monotonic()
                 self.send_loop().spawn(self._rerouted(rt, item) for item in rerouted)
@@ -302,7 +343,8 @@ class Dispatcher:
     def _send_inline(self, rt: ChannelRuntime, record: ClaimedRecord, out: list[Outcome]) -> Outcome:
         """Send on this thread (an inline provider); its outcome and any records it defers go to ``out``."""
         rt.begin(self.monotonic())
-        outcome = self.executor.send(rt, record)
+        probe = rt.breaker.probe_in_flight
+        outcome = self._outcome(rt, self.executor.send(rt, record), probe)
         returned = self.feedback.account(rt, outcome, self.monotonic())
         out.append(outcome)
         if returned and throttles(outcome):
@@ -317,19 +359,23 @@ class Dispatcher:
         outcome, returned = await self.failover.send(rt, item.fallback, item.record, item.why)
         rt.cap.hold(item.record.id_text)
         self.running -= 1
-        self._hand_over(Finished(outcome, [returned]))
+        self._hand_over(Finished(self._outcome(rt, outcome, False), [returned]))
 
-    async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord) -> None:
-        """One concurrency slot of a channel: send, then keep it busy with the channel's next record."""
+    async def _slot(self, rt: ChannelRuntime, record: ClaimedRecord, probe: bool = False) -> None:
+        """One concurrency slot of a channel: send, then keep it busy with the channel's next record
+        (``probe``: this first call is its circuit's half-open probe)."""
         loop_time = asyncio.get_running_loop().time
         while True:
             delay = rt.start_delay(loop_time())  # a burst of starts is spread (engine.flow_control)
             if delay > 0:
                 await asyncio.sleep(delay)
             # Asked again however short the wait: a start's first step may come a while after the pass
-            # that made it a task. Stopped or lost meanwhile: back in line, never sent.
-            if not self._may_send():
+            # that made it a task. Stopped, lost or the channel found disabled meanwhile: back in line,
+            # never sent.
+            if not self._may_send() or rt.stopped:
                 rt.inflight, self.running = rt.inflight - 1, self.running - 1
+                if probe:
+                    rt.breaker.neutral()  # the probe was not sent: the next one may go
                 rt.queue.appendleft(record)
                 self.send_loop().signal()
                 return
@@ -350,7 +396,8 @@ class Dispatcher:
             if not returns:
                 returns.append(Returned(rt, outcome, self.feedback.account_safely(rt, outcome, at), at))
             self.running -= 1
-            self._hand_over(Finished(outcome, returns))
+            # Before the slot looks for its next record: a 410 stops the channel's next call too.
+            self._hand_over(Finished(self._outcome(rt, outcome, probe), returns))
             # This call no longer counts against the channel's concurrency: at full concurrency the
             # next record would otherwise wait for the dispatcher's next pass to start it. Against
             # the worker's own cap it counts until its outcome is committed (engine.in_flight).
@@ -359,17 +406,19 @@ class Dispatcher:
             next_record = rt.next_startable(self.monotonic()) if rt.queue and self._may_send() else None
             if next_record is not None:
                 record = next_record
-                self._call_started(rt)
+                probe = self._call_started(rt)
                 continue
             return
 
-    def _call_started(self, rt: ChannelRuntime) -> None:
-        """A call on ``rt``'s own provider starts now: its rate and concurrency slots, the tick's count."""
+    def _call_started(self, rt: ChannelRuntime) -> bool:
+        """A call on ``rt``'s own provider starts now: its rate and concurrency slots, the tick's count.
+        True when it is the probe of its half-open circuit."""
         now_mono = self.monotonic()
         rt.begin(now_mono)
         rt.inflight += 1
         self.running += 1
         self.last_start = now_mono
+        return rt.breaker.probe_in_flight
 
     def _hand_over(self, finished: Finished) -> None:
         """A call ended: its outcome waits in :attr:`done`, and the dispatcher's wait ends."""

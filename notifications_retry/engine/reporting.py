@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -60,6 +60,8 @@ class OutcomeReporter:
         self.stats: TickStats | None = None
         self.bound: Any = log
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        #: Told the channels (ids) a commit found disabled: the dispatcher stops calling them.
+        self.on_disabled: Callable[[list[int]], None] | None = None
 
     def begin_tick(self, stats: TickStats, bound: Any) -> None:
         self.stats, self.bound = stats, bound
@@ -80,7 +82,10 @@ class OutcomeReporter:
         return children
 
     def report(self, report: FinalizeReport) -> None:
-        """What a commit did: applied outcomes are recorded, stale ones logged."""
+        """What a commit did: applied outcomes are recorded, stale ones logged; channels it found
+        disabled are passed on first (no call should start on them while the rest is reported)."""
+        if report.disabled and self.on_disabled is not None:
+            self.on_disabled(report.disabled)
         stats = self.stats
         if stats is not None:
             stats.stale += len(report.stale)
