@@ -5,11 +5,18 @@ gathers the counts and applies what :func:`assess` says. The states: ``ok``; ``w
 share of failed calls in the window reaches ``HEALTH_WARN_RATIO``; ``disabled`` once it reaches
 ``HEALTH_DISABLE_RATIO`` with at least ``HEALTH_MIN_ATTEMPTS`` calls in the window, or at once when the
 endpoint answers ``410 Gone`` (the Standard Webhooks spec: the receiver says it will never want more).
+
+With its circuit open, a channel makes one call (its breaker's probe) every ``CIRCUIT_COOLDOWN_SECONDS``
+however many rows wait: the window of an endpoint that fails every call would fill to
+``HEALTH_MIN_ATTEMPTS`` only after about 20 minutes (50 calls, one every 30 s). A failed probe is
+therefore judged on the calls its breaker lets through in :data:`PROBING_SPAN_SECONDS`
+(:func:`probing_minimum`: 10 on defaults) when that is fewer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +24,10 @@ OK, WARNING, DISABLED = "ok", "warning", "disabled"
 GONE = 410
 #: Buckets per window: the window slides by a 24th of itself (an hour for the default day).
 BUCKETS_PER_WINDOW = 24
+#: With its circuit open, a channel's window is judged once it holds the calls its breaker lets through
+#: in this span (the failures that opened it, then a probe per cool-down): on defaults, 5 calls and 5
+#: probes, so an endpoint that fails every call is judged about 2.5 minutes after its circuit opened.
+PROBING_SPAN_SECONDS = 150.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,17 +39,29 @@ class Thresholds:
     min_attempts: int
     window_seconds: int
     cooldown_seconds: int
+    #: Calls the window must hold when the batch has a failed probe (None: ``min_attempts``).
+    probing_min_attempts: int | None = None
 
     @classmethod
     def of(cls, conf: Any) -> Thresholds:
         """From a :class:`~notifications_retry.conf.RetrySettings`."""
+        min_attempts = int(conf.HEALTH_MIN_ATTEMPTS)
         return cls(
             float(conf.HEALTH_WARN_RATIO),
             float(conf.HEALTH_DISABLE_RATIO),
-            int(conf.HEALTH_MIN_ATTEMPTS),
+            min_attempts,
             int(conf.HEALTH_WINDOW_SECONDS),
             int(conf.HEALTH_REENABLE_COOLDOWN_SECONDS),
+            probing_minimum(
+                min_attempts, int(conf.CIRCUIT_FAILURE_THRESHOLD), float(conf.CIRCUIT_COOLDOWN_SECONDS)
+            ),
         )
+
+    def needed(self, window: Window) -> int:
+        """Calls ``window`` must hold before its ratio warns or disables."""
+        if window.probing and self.probing_min_attempts is not None:
+            return min(self.min_attempts, self.probing_min_attempts)
+        return self.min_attempts
 
     @property
     def bucket_seconds(self) -> int:
@@ -47,11 +70,13 @@ class Thresholds:
 
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """A channel's calls and failed calls in the window, and whether one of them answered 410 Gone."""
+    """A channel's calls and failed calls in the window, whether one of the batch's answered 410 Gone,
+    and whether one of them was a failed probe of its circuit breaker (the circuit is open again)."""
 
     attempts: int
     failures: int
     gone: bool = False
+    probing: bool = False
 
     @property
     def ratio(self) -> float:
@@ -66,6 +91,19 @@ class Transition:
     reason: str
 
 
+def gone(status_code: int | None) -> bool:
+    """Whether one answer disables its channel by itself, whatever the window holds: ``410 Gone``."""
+    return status_code == GONE
+
+
+def probing_minimum(min_attempts: int, circuit_threshold: int, circuit_cooldown: float) -> int:
+    """Calls a window must hold to be judged on a failed probe: the ``circuit_threshold`` failures in a
+    row that opened the circuit, then one probe per ``circuit_cooldown`` over :data:`PROBING_SPAN_SECONDS`
+    (one at least); never more than ``min_attempts``."""
+    probes = math.ceil(PROBING_SPAN_SECONDS / circuit_cooldown) if circuit_cooldown > 0 else min_attempts
+    return max(1, min(min_attempts, circuit_threshold + max(1, probes)))
+
+
 def _span(seconds: int) -> str:
     hours, rest = divmod(seconds, 3600)
     return f"{hours} h" if not rest else f"{seconds // 60} min"
@@ -74,20 +112,23 @@ def _span(seconds: int) -> str:
 def assess(state: str, window: Window, limits: Thresholds) -> Transition | None:
     """The change ``window`` calls for on a channel in ``state``, or None to stay.
 
-    A disabled channel stays disabled (only an operator re-enables it). Below ``min_attempts`` the
-    ratio says too little to disable or warn on, except that a warning clears once failures fall
-    back under the warning ratio.
+    A disabled channel stays disabled (only an operator re-enables it). Below ``min_attempts`` (fewer
+    after a failed probe: :meth:`Thresholds.needed`) the ratio says too little to disable or warn on,
+    except that a warning clears once failures fall back under the warning ratio.
     """
     if state == DISABLED:
         return None
     if window.gone:
         return Transition(DISABLED, "the endpoint answered 410 Gone: it asks never to be called again")
     ratio = window.ratio
+    needed = limits.needed(window)
     described = (
         f"{window.failures} of {window.attempts} calls failed ({ratio:.0%}) in the last "
         f"{_span(limits.window_seconds)}"
     )
-    enough = window.attempts >= limits.min_attempts
+    if needed <= window.attempts < limits.min_attempts:
+        described += f", its circuit open (judged from {needed} calls)"
+    enough = window.attempts >= needed
     if enough and ratio >= limits.disable_ratio:
         return Transition(
             DISABLED, f"{described}: at or past HEALTH_DISABLE_RATIO {limits.disable_ratio:.0%}"
