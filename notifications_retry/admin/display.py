@@ -41,13 +41,18 @@ def timestamp(value: datetime | str | None) -> str:
     return dateformat.format(moment, TIMESTAMP_FORMAT)
 
 
-def timestamp_display(field: str, description: str) -> Any:
-    """A read-only admin column showing the datetime ``field`` in :data:`TIMESTAMP_FORMAT`."""
+def timestamp_display(field: str, description: str | None = None) -> Any:
+    """A read-only admin column showing the datetime ``field`` in :data:`TIMESTAMP_FORMAT`.
+
+    Every admin list and page shows its times through this (or :func:`timestamp`): Django's own
+    rendering of a DateTimeField follows the project's ``DATETIME_FORMAT`` ("March 1, 2026, 10 a.m."),
+    with no zone. ``description`` defaults to the field's name in words, as Django's own header.
+    """
 
     def show(admin: Any, obj: Any) -> str:
         return timestamp(getattr(obj, field))
 
-    show.short_description = description  # type: ignore[attr-defined]
+    show.short_description = description or field.replace("_", " ")  # type: ignore[attr-defined]
     show.admin_order_field = field  # type: ignore[attr-defined]
     return show
 

@@ -197,7 +197,7 @@ class NotificationEntityAdmin(TriageActions):
             return "not claimed"
         if obj.claim_expires_at is None:
             return f"lease {obj.claim_token} lapsed (its worker stopped): due again"
-        return f"claimed by {obj.claim_token}, lease until {obj.claim_expires_at:%Y-%m-%d %H:%M:%S}"
+        return f"claimed by {obj.claim_token}, lease until {display.timestamp(obj.claim_expires_at)}"
 
     @admin.display(description="last error")
     def last_error_display(self, obj: NotificationEntity) -> SafeString | str:
@@ -242,7 +242,7 @@ class NotificationEntityAdmin(TriageActions):
         if status is None:
             return "No report from the ESP."
         reached = [
-            f"{state} {at:%Y-%m-%d %H:%M:%S %Z}"
+            f"{state} {display.timestamp(at)}"
             for state in ("delivered", "opened", "bounced", "complained")
             if (at := getattr(status, f"{state}_at")) is not None
         ]

@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 
 from notifications_retry.models import Outbox
 
-from .display import fragment, pretty_json
+from .display import fragment, pretty_json, timestamp_display
 from .filters import NEVER_FACETS, DateRangeFilter, PublishedFilter
 from .read_only import ReadOnlyMixin
 
@@ -33,8 +33,8 @@ class OutboxAdmin(ReadOnlyMixin, OutboxAdminBase):
         "notification_link",
         "event_status",
         "generation",
-        "created_at",
-        "published_at",
+        "created_at_display",
+        "published_at_display",
     )
     list_filter = (PublishedFilter, "topic", ("created_at", DateRangeFilter))
     search_fields = ("=key",)
@@ -48,10 +48,12 @@ class OutboxAdmin(ReadOnlyMixin, OutboxAdminBase):
         "contract_version",
         "generation",
         "payload_display",
-        "created_at",
-        "published_at",
+        "created_at_display",
+        "published_at_display",
     )
     readonly_fields = fields
+    created_at_display = timestamp_display("created_at")
+    published_at_display = timestamp_display("published_at")
     show_facets = NEVER_FACETS
 
     class Media:

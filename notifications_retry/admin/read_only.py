@@ -9,6 +9,7 @@ from django.http import HttpRequest
 
 from notifications_retry.models import DeadLetterAction, WorkerHeartbeat
 
+from .display import timestamp_display
 from .filters import DateRangeFilter
 
 if TYPE_CHECKING:
@@ -31,10 +32,13 @@ class ReadOnlyMixin:
 
 @admin.register(DeadLetterAction)
 class DeadLetterActionAdmin(ReadOnlyMixin, AuditAdminBase):
-    list_display = ("created_at", "action", "actor", "notification_id", "attempts_before", "reason")
+    list_display = ("created_at_display", "action", "actor", "notification_id", "attempts_before", "reason")
     list_filter = ("action", ("created_at", DateRangeFilter))
     search_fields = ("actor",)
     ordering = ("-created_at",)
+    fields = ("created_at_display", "action", "actor", "notification", "attempts_before", "reason")
+    readonly_fields = fields
+    created_at_display = timestamp_display("created_at")
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}
@@ -46,9 +50,20 @@ class WorkerHeartbeatAdmin(ReadOnlyMixin, HeartbeatAdminBase):
         "lane",
         "hostname",
         "pid",
-        "last_tick_started_at",
-        "last_tick_completed_at",
+        "last_tick_started_at_display",
+        "last_tick_completed_at_display",
     )
+    fields = (
+        "lane",
+        "hostname",
+        "pid",
+        "last_tick_started_at_display",
+        "last_tick_completed_at_display",
+        "last_tick_stats",
+    )
+    readonly_fields = fields
+    last_tick_started_at_display = timestamp_display("last_tick_started_at")
+    last_tick_completed_at_display = timestamp_display("last_tick_completed_at")
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}

@@ -120,7 +120,15 @@ class RecoveryJobAdmin(RecoveryJobAdminBase):
     """Jobs listed with their progress; the detail page refreshes itself while the job runs."""
 
     # Narrow enough for a 1,440 px screen with both sidebars open (a browser test measures it).
-    list_display = ("id", "channel", "window", "state_badge", "progress_short", "started_by", "created_at")
+    list_display = (
+        "id",
+        "channel",
+        "window",
+        "state_badge",
+        "progress_short",
+        "started_by",
+        "created_at_display",
+    )
     list_filter = ("state", "channel")
     list_select_related = ("channel",)
     ordering = ("-created_at", "-id")
@@ -138,14 +146,18 @@ class RecoveryJobAdmin(RecoveryJobAdminBase):
         "refusals_display",
         "started_by",
         "reason",
-        "created_at",
-        "started_at",
-        "heartbeat_at",
-        "finished_at",
+        "created_at_display",
+        "started_at_display",
+        "heartbeat_at_display",
+        "finished_at_display",
         "cancelled_by",
         "last_error",
     )
     readonly_fields = fields
+    created_at_display = display.timestamp_display("created_at")
+    started_at_display = display.timestamp_display("started_at")
+    heartbeat_at_display = display.timestamp_display("heartbeat_at", "last chunk at")
+    finished_at_display = display.timestamp_display("finished_at")
 
     class Media:
         css = {"all": ("notifications_retry/admin.css",)}
@@ -173,7 +185,7 @@ class RecoveryJobAdmin(RecoveryJobAdminBase):
     @admin.display(description="dead-lettered")
     def window(self, obj: RecoveryJob) -> str:
         rows = obj.get_row_status_display().lower()
-        return f"{obj.since:%Y-%m-%d %H:%M} to {obj.until:%Y-%m-%d %H:%M} ({rows})"
+        return f"{display.timestamp(obj.since)} to {display.timestamp(obj.until)} ({rows})"
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: RecoveryJob) -> SafeString:

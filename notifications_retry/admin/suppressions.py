@@ -29,6 +29,7 @@ from notifications_retry.models import (
 )
 from notifications_retry.observability.masking import mask_recipient
 
+from .display import timestamp_display
 from .read_only import ReadOnlyMixin
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class SuppressionForm(forms.ModelForm):  # type: ignore[type-arg]
         model = Suppression
         fields = ("address", "channel", "reason", "expires_at")
         help_texts = {
-            "address": "An email address (its domain is case-folded), a phone number or any other recipient.",
+            "address": "An email address (compared without case), a phone number or any other recipient.",
             "expires_at": "Empty: as SUPPRESSION_RETENTION_DAYS says for the reason (by default, never).",
         }
 
@@ -72,14 +73,46 @@ class SuppressionAdmin(SuppressionAdminBase):
     """Search by address or source; add through the service (audited); remove (audited); never edit."""
 
     form = SuppressionForm
-    list_display = ("address", "channel", "reason", "source", "events", "last_event_at", "expires_at")
+    list_display = (
+        "address",
+        "channel",
+        "reason",
+        "source",
+        "events",
+        "last_event_at_display",
+        "expires_at_display",
+    )
     list_filter = ("reason", "channel")
     search_fields = ("address", "source")
     ordering = ("-last_event_at",)
-    readonly_fields = ("source", "detail", "first_event_at", "last_event_at", "events")
+    #: What an entry's page shows (it is never edited: every field read only, times in the admin's format).
+    shown_fields = (
+        "address",
+        "channel",
+        "reason",
+        "source",
+        "detail",
+        "first_event_at_display",
+        "last_event_at_display",
+        "events",
+        "expires_at_display",
+    )
+    readonly_fields = shown_fields
+    first_event_at_display = timestamp_display("first_event_at")
+    last_event_at_display = timestamp_display("last_event_at")
+    expires_at_display = timestamp_display("expires_at")
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The add form asks what an operator types; an entry's page shows what the list holds.
+        if obj is None:
+            return ("address", "channel", "reason", "expires_at", "note")
+        return self.shown_fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return () if obj is None else self.shown_fields
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -116,10 +149,13 @@ class SuppressionAdmin(SuppressionAdminBase):
 class SuppressionChangeAdmin(ReadOnlyMixin, ChangeAdminBase):
     """Who added or removed which suppression, and why."""
 
-    list_display = ("created_at", "action", "address", "channel", "reason", "actor", "note")
+    list_display = ("created_at_display", "action", "address", "channel", "reason", "actor", "note")
     list_filter = ("action",)
     search_fields = ("address", "actor")
     ordering = ("-created_at",)
+    fields = ("created_at_display", "action", "address", "channel", "reason", "actor", "note")
+    readonly_fields = fields
+    created_at_display = timestamp_display("created_at")
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}
@@ -129,10 +165,36 @@ class SuppressionChangeAdmin(ReadOnlyMixin, ChangeAdminBase):
 class DeliveryStatusAdmin(ReadOnlyMixin, StatusAdminBase):
     """What the ESPs reported about Sent notifications: the state, when, and each state's time."""
 
-    list_display = ("notification_link", "state", "state_at", "esp", "masked_recipient", "updated_at")
+    list_display = (
+        "notification_link",
+        "state",
+        "state_at_display",
+        "esp",
+        "masked_recipient",
+        "updated_at_display",
+    )
     list_filter = ("state", "esp")
     ordering = ("-updated_at",)
     list_select_related = ("notification",)
+    fields = (
+        "notification_link",
+        "masked_recipient",
+        "state",
+        "state_at_display",
+        "esp",
+        "delivered_at_display",
+        "opened_at_display",
+        "bounced_at_display",
+        "complained_at_display",
+        "updated_at_display",
+    )
+    readonly_fields = fields
+    state_at_display = timestamp_display("state_at", "state at")
+    delivered_at_display = timestamp_display("delivered_at")
+    opened_at_display = timestamp_display("opened_at")
+    bounced_at_display = timestamp_display("bounced_at")
+    complained_at_display = timestamp_display("complained_at")
+    updated_at_display = timestamp_display("updated_at")
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}

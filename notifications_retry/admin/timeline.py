@@ -10,8 +10,19 @@ from typing import Any
 
 from django.utils.safestring import SafeString
 
+from notifications_retry.outcomes import SUPPRESSED
+
 from .display import fragment, timestamp
 from .filters import status_class
+
+#: Error kinds of an entry the claim wrote without an attempt: nothing was sent, no attempt counted.
+NOT_ATTEMPTED = frozenset({SUPPRESSED})
+
+
+def not_attempted(entry: dict[str, Any]) -> str:
+    """Why the entry's send was never tried (its error kind), or "" for an attempt."""
+    kind = entry.get("error_kind")
+    return str(kind) if kind in NOT_ATTEMPTED and "status_code" not in entry else ""
 
 
 def _row(entry: dict[str, Any], previous_generation: int | None) -> dict[str, Any]:
@@ -21,6 +32,9 @@ def _row(entry: dict[str, Any], previous_generation: int | None) -> dict[str, An
     generation = entry.get("generation") or 0
     return {
         "attempt": entry.get("attempt"),
+        # Settled by the claim before any send (a suppressed recipient): said so, with no attempt
+        # number and no trigger, since nothing was attempted.
+        "not_attempted": not_attempted(entry),
         "generation": generation,
         # A requeue starts a new run: the timeline marks where.
         "new_run": previous_generation is not None and generation != previous_generation,
@@ -46,7 +60,7 @@ def timeline(attempt_log: Any, *, attempts: int = 0, requeue_count: int = 0) -> 
     written by hand, a crash mid-send) are said, not silently missing.
     """
     entries = [e for e in (attempt_log or []) if isinstance(e, dict)] if isinstance(attempt_log, list) else []
-    logged = sum(1 for e in entries if (e.get("generation") or 0) == requeue_count)
+    logged = sum(1 for e in entries if (e.get("generation") or 0) == requeue_count and not not_attempted(e))
     unlogged = max(0, attempts - logged)
     if not entries and not unlogged:
         return "No attempts recorded."

@@ -3,7 +3,9 @@
 Which rows an operation applies to is not decided here: the QuerySet methods
 (:meth:`~notifications_retry.models.NotificationQuerySet.requeueable`, ``discardable``) decide, for the
 confirmation counts and the detail page's links as for :mod:`notifications_retry.delivery.triage`, which
-refuses the rest. So the admin never offers what the service would then refuse.
+refuses the rest; a requeue also refuses a dead letter whose recipient is suppressed now
+(``triage.suppressed_recipients``), and the admin counts it so. So the admin never offers what the
+service would then refuse.
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ class TriageActions(NotificationAdminBase):
         return [
             (op.verb, reverse("admin:notifications_retry_notificationentity_triage", args=[obj.pk, op.name]))
             for op in OPERATIONS.values()
-            if request.user.has_perm(op.perm) and op.eligible(one, now).exists()
+            if request.user.has_perm(op.perm)
+            and op.eligible(one, now).exists()
+            and not (op.name == "requeue" and triage.suppressed_recipients([obj.pk], now=now))
         ]
 
     @admin.action(description="Requeue selected dead letters (retry now)…", permissions=["requeue"])
@@ -197,7 +201,15 @@ class TriageActions(NotificationAdminBase):
         across: bool = False,
     ) -> TemplateResponse:
         total = queryset.count()
-        eligible = op.eligible(_notifications(queryset), timezone.now()).count()
+        now = timezone.now()
+        eligible_rows = op.eligible(_notifications(queryset), now)
+        eligible = eligible_rows.count()
+        # A requeue refuses a suppressed recipient too: at most BULK_ACTION_CAP rows, two statements.
+        suppressed = 0
+        if op.name == "requeue" and eligible:
+            ids = list(eligible_rows.values_list("pk", flat=True))
+            suppressed = len(triage.suppressed_recipients(ids, now=now))
+            eligible -= suppressed
         sample = list(queryset.select_related("channel").order_by("-created_at")[:20])
         context = {
             **self.admin_site.each_context(request),
@@ -209,6 +221,7 @@ class TriageActions(NotificationAdminBase):
             "total": total,
             "eligible": eligible,
             "refused": total - eligible,
+            "suppressed": suppressed,
             "across": across,
             "sample": [(obj, mask_recipient(obj.recipient), status_badge(obj)) for obj in sample],
             "more": max(0, total - len(sample)),

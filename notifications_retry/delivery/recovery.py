@@ -3,8 +3,11 @@
 A chunk is one transaction: it locks the job row, reads up to ``chunk_size`` matching rows past the
 job's keyset cursor, requeues them through :func:`notifications_retry.delivery.triage.requeue` (which
 locks, checks and audits each row, exactly as a requeue from the admin does), and stores the advanced
-cursor and counts. The requeues and the cursor commit together: a runner killed at any point leaves
-either the whole chunk done and counted, or none of it, so a resumed run neither skips nor repeats a row.
+cursor and counts. A dead letter whose recipient is suppressed on its channel is not requeued: the
+requeue refuses it, and the job counts it among the refused under its reason ("suppressed: …"), as
+the command's and the admin's counts show. The requeues and the cursor commit together: a runner
+killed at any point leaves either the whole chunk done and counted, or none of it, so a resumed run
+neither skips nor repeats a row.
 
 Two runners on one job take turns (the job row's lock), and at most one pending or running job exists
 per filter (a unique constraint), so a second job on the same filter is refused instead of doubling the

@@ -1,4 +1,9 @@
-"""Dead-letter operations: requeue, discard, expiry. The admin and the public API call these."""
+"""Dead-letter operations: requeue, discard, expiry. The admin, the public API and recovery jobs call these.
+
+A requeue refuses a dead letter whose recipient is on the suppression list for its channel (or ``*``)
+now: it would only be settled ``suppressed`` again at its next claim, with nothing sent. It stays a
+dead letter, refused with the reason (:data:`SUPPRESSED_REFUSAL`), until the suppression is lifted.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,11 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from notifications_retry.delivery import suppression
 from notifications_retry.evidence import MANUAL, REPLAY
 from notifications_retry.models import (
     CANCELLED_ERROR_KIND,
@@ -24,6 +30,8 @@ from notifications_retry.outcomes import deadline_words
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED = CANCELLED_ERROR_KIND
+#: How a requeue's refusal of a suppressed recipient begins (then which entry: reason and channel).
+SUPPRESSED_REFUSAL = "suppressed"
 
 
 @dataclasses.dataclass
@@ -63,6 +71,23 @@ def _requeue_refusal(row: NotificationEntity, now: datetime) -> str:
     return "not eligible for a requeue"
 
 
+def suppressed_recipients(ids: Iterable[uuid.UUID | str], *, now: datetime) -> dict[uuid.UUID, str]:
+    """Which of these notifications a requeue refuses because their recipient is suppressed now, and why.
+
+    Two statements whatever the number of ids (a recovery job's chunk): their recipients and channels,
+    then the suppression list's lookup for the whole batch, the one the worker's claim makes.
+    """
+    wanted = [str(i) for i in ids]
+    if not wanted:
+        return {}
+    recipients = list(
+        NotificationEntity.objects.filter(pk__in=wanted).values_list("pk", "channel__key", "recipient")
+    )
+    with connection.cursor() as cursor:
+        found = suppression.suppressed_in_batch(cursor, recipients, now)
+    return {pk: f"{SUPPRESSED_REFUSAL}: {why}" for pk, why in found.items()}
+
+
 def _discard_refusal(row: NotificationEntity) -> str:
     """Why ``discardable()`` left ``row`` out, in the operator's words."""
     if row.dead_lettered_at is None:
@@ -80,8 +105,9 @@ def requeue(
 ) -> TriageResult:
     """Give dead letters a fresh attempt budget, due now; same NotificationId, audited.
 
-    ``trigger`` names, in the next attempt's log entry, what started it: ``manual`` (an operator) or
-    ``replay`` (a recovery job).
+    Refused, each with its reason: what ``requeueable()`` leaves out, and a dead letter whose recipient
+    is suppressed on its channel now (:func:`suppressed_recipients`). ``trigger`` names, in the next
+    attempt's log entry, what started it: ``manual`` (an operator) or ``replay`` (a recovery job).
     """
     if trigger not in (MANUAL, REPLAY):
         raise ValueError(f"a requeue's trigger is {MANUAL!r} or {REPLAY!r}, not {trigger!r}")
@@ -92,10 +118,13 @@ def requeue(
         for pk in missing:
             result.refused[uuid.UUID(pk)] = "no such notification"
         allowed = _allowed(rows, NotificationEntity.objects.requeueable(now))
+        stopped = suppressed_recipients(allowed, now=now)
         chosen = []
         for row in rows:
             if row.pk not in allowed:
                 result.refused[row.pk] = _requeue_refusal(row, now)
+            elif row.pk in stopped:
+                result.refused[row.pk] = stopped[row.pk]
             else:
                 chosen.append(row)
         # Set-based, so a recovery job's chunk of hundreds costs two statements, not two per row.

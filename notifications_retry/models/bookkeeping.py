@@ -41,7 +41,8 @@ class WorkerHeartbeat(models.Model):
     last_tick_stats = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
-        return f"{self.lane} @ {self.last_tick_completed_at}"
+        # The lane alone: the admin shows the tick's time beside it, in its own format.
+        return f"lane {self.lane}"
 
 
 class BacklogSample(models.Model):

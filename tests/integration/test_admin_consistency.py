@@ -8,14 +8,23 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from notifications_retry import api
+from notifications_retry.delivery import recovery
 from notifications_retry.delivery.triage import requeue
-from notifications_retry.models import BacklogSample, NotificationEntity
+from notifications_retry.models import (
+    BacklogSample,
+    ChannelHealthChange,
+    DeliveryStatus,
+    NotificationEntity,
+    WorkerHeartbeat,
+)
 from tests.factories import ChannelFactory, NotificationFactory
-from tests.support.admin_pages import DASHBOARD, dead_letter, outbox_event
+from tests.support.admin_pages import DASHBOARD, assert_admin_times, dead_letter, outbox_event
 
 pytestmark = pytest.mark.django_db
 
@@ -76,3 +85,39 @@ def test_the_legend_says_when_its_sample_was_taken_and_the_cards_are_counted_now
     assert timezone.localtime(taken).strftime("%Y-%m-%d %H:%M:%S") + " UTC" in text, text
     assert "(14m ago)" in text and "the cards above are counted now" in text
     assert "(now 2)" not in page
+
+
+def test_every_admin_list_and_page_of_the_app_shows_times_in_one_format(admin_client: Client) -> None:
+    """Each model the app registers, its list and one object's page: every time in the one format with
+    its zone, never Django's "March 1, 2026, 10 a.m."."""
+    now = timezone.now()
+    channel = ChannelFactory(key="webhook")
+    row = dead_letter(channel=channel)
+    outbox_event(row, published=True)
+    requeue([row.pk], actor="oncall", reason="provider fixed")
+    sent = NotificationFactory(channel=channel, status="sent", provider_message_id="pm-1")
+    DeliveryStatus.objects.create(notification=sent, state="delivered", state_at=now, delivered_at=now)
+    api.suppress("ann@example.com")
+    ChannelHealthChange.objects.create(channel=channel, state="disabled", previous_state="ok", reason="410")
+    WorkerHeartbeat.objects.create(lane="default", last_tick_started_at=now, last_tick_completed_at=now)
+    job = recovery.start_job(
+        recovery.RecoveryFilter(channel=channel, since=now - timedelta(days=1), until=now), actor="ann"
+    )
+    recovery.run_job(job.pk)
+    checked = []
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label != "notifications_retry":
+            continue
+        opts = model._meta
+        listing = admin_client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+        assert listing.status_code == 200, opts.model_name
+        stamps = assert_admin_times(listing.content.decode())
+        obj = model_admin.get_queryset(listing.wsgi_request).first()
+        assert obj is not None, f"no {opts.model_name} to show"
+        url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+        page = admin_client.get(url)
+        assert page.status_code == 200, url
+        stamps += assert_admin_times(page.content.decode())
+        assert stamps, f"{opts.model_name}: no time shown at all"
+        checked.append(opts.model_name)
+    assert len(checked) >= 9, checked

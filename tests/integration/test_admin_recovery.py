@@ -3,6 +3,7 @@ cancel, permissions, a second job on the same filter refused, the bulk actions s
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,9 +13,13 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
+from notifications_retry import api
+from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import recovery
-from notifications_retry.models import DeadLetterAction, NotificationEntity, RecoveryJob
+from notifications_retry.engine.worker import Worker
+from notifications_retry.models import DeadLetterAction, NotificationEntity, RecoveryJob, Suppression
 from tests.factories import ChannelFactory
+from tests.support.admin_pages import assert_admin_times
 from tests.support.dead_letters import seed_dead_letters
 
 pytestmark = pytest.mark.django_db
@@ -182,3 +187,129 @@ def test_a_plain_dates_to_takes_that_whole_day_in_the_list_as_on_the_start_page(
     assert listed.context["cl"].result_count == 10
     assert 'value="2026-03-01"' in listed.content.decode()  # the form keeps the date it filters by
     assert 'id="nr-matching">10<' in operator.get(start_link(listed)).content.decode()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """Two days after the dead letters of these tests (``SINCE``): a job then matches them all."""
+    return ManualClock(datetime(2026, 3, 3, 12, 0, tzinfo=UTC))
+
+
+def recipients(*names: str) -> list[NotificationEntity]:
+    return list(NotificationEntity.objects.filter(recipient__in=names).order_by("recipient"))
+
+
+def test_recovery_beside_a_suppression_refuses_the_suppressed_recipients_and_says_why(operator, clock):
+    """Twenty dead letters, three of them to recipients now suppressed on their channel (one typed
+    with another case): the job requeues 17 and refuses 3 as suppressed, in its counts and on its page;
+    the three stay dead letters, untouched, and the worker's next tick sends the 17 only."""
+    hook = ChannelFactory(key="hook", provider_key="in_app", max_attempts=5)
+    ChannelFactory(key="sms")
+    seed_dead_letters(hook, 20, first=SINCE, step_us=1_000_000)
+    api.suppress("USER3@example.com", reason="hard_bounce")  # every channel, typed with another case
+    api.suppress("user4@example.com", channel="hook", reason="unsubscribed")
+    api.suppress("user5@example.com", channel="sms")  # another channel: user5 is requeued
+    Suppression.objects.create(address="user6@example.com", reason="manual", source="t", expires_at=SINCE)
+    job = recovery.start_job(
+        recovery.RecoveryFilter(channel=hook, since=SINCE, until=datetime(2026, 3, 2, tzinfo=UTC)),
+        actor="ann",
+        clock=clock,
+    )
+    job = recovery.run_job(job.pk, chunk_size=7, clock=clock)
+    assert (job.state, job.total, job.done, job.failed) == ("done", 20, 18, 2)
+    assert job.refusals == {
+        "suppressed: recipient is on the suppression list (hard_bounce, channel *)": 1,
+        "suppressed: recipient is on the suppression list (unsubscribed, channel hook)": 1,
+    }
+    for row in recipients("user3@example.com", "user4@example.com"):
+        assert (row.dead_lettered_at is not None, row.requeue_count, row.attempts) == (True, 0, 5)
+        assert not row.triage_log.exists()
+    assert NotificationEntity.objects.filter(requeue_count=1).count() == 18
+
+    page = operator.get(reverse("admin:notifications_retry_recoveryjob_change", args=[job.pk]))
+    html = page.content.decode()
+    assert "100.0% · 18 requeued, 2 refused of 20" in html
+    assert "suppressed: recipient is on the suppression list (hard_bounce, channel *): 1" in html
+
+    worker = Worker(clock=clock, rng=random.Random(1))
+    try:
+        worker.run(once=True)
+    finally:
+        worker.close()
+    assert NotificationEntity.objects.filter(status="sent").count() == 18
+    assert NotificationEntity.objects.filter(error_kind="suppressed").count() == 0  # none failed again
+
+
+def test_retry_now_and_the_api_refuse_a_suppressed_recipient_too(operator):
+    """The admin's "retry now" (the bulk action and the detail page) and ``api.requeue_dead_letters``
+    go through the same requeue: a suppressed recipient is refused with the reason, and the
+    confirmation page counts it before anything is done."""
+    hook = ChannelFactory(key="hook", max_attempts=5)
+    seed_dead_letters(hook, 4, first=SINCE)
+    api.suppress("User1@Example.com")
+    one, two, three, four = recipients(*(f"user{i}@example.com" for i in range(1, 5)))
+    selected = {"action": "requeue_selected", "index": "0", "_selected_action": [one.pk, two.pk, three.pk]}
+    confirmation = operator.post(reverse(LIST), selected).content.decode()
+    assert 'id="nr-eligible">2<' in confirmation and 'id="nr-refused">1<' in confirmation
+    assert 'id="nr-suppressed">1<' in confirmation
+    done = operator.post(reverse(LIST), {**selected, "confirm": "yes", "reason": "x"}, follow=True)
+    assert "Requeued 2 notification(s)." in done.content.decode()
+    assert "Refused 1 notification(s): suppressed: recipient is on the suppression list" in (
+        done.content.decode()
+    )
+    one.refresh_from_db()
+    assert (one.requeue_count, one.dead_lettered_at is not None) == (0, True)
+
+    result = api.requeue_dead_letters([one.pk, four.pk], actor="api-user")
+    assert result.done == [four.pk]
+    assert result.refused[one.pk].startswith("suppressed: ")
+
+    change = reverse("admin:notifications_retry_notificationentity_change", args=[one.pk])
+    triage = reverse("admin:notifications_retry_notificationentity_triage", args=[one.pk, "requeue"])
+    assert triage not in operator.get(change).content.decode()  # not offered: it would be refused
+    api.unsuppress("user1@example.com")
+    assert triage in operator.get(change).content.decode()
+
+
+def test_a_recipient_suppressed_after_its_requeue_shows_not_attempted_in_the_timeline(admin_client, clock):
+    """Requeued by a recovery job, then suppressed before the worker's claim: the claim settles it with
+    no attempt, and the timeline says "not attempted: suppressed", not an attempt "#0" by "replay"."""
+    hook = ChannelFactory(key="hook", provider_key="in_app", max_attempts=5)
+    seed_dead_letters(hook, 1, first=SINCE)
+    job = recovery.start_job(
+        recovery.RecoveryFilter(channel=hook, since=SINCE, until=datetime(2026, 3, 2, tzinfo=UTC)),
+        actor="ann",
+        clock=clock,
+    )
+    assert recovery.run_job(job.pk, clock=clock).done == 1
+    api.suppress("user1@example.com")
+    worker = Worker(clock=clock, rng=random.Random(1))
+    try:
+        worker.run(once=True)
+    finally:
+        worker.close()
+    (row,) = NotificationEntity.objects.all()
+    assert (row.error_kind, row.attempts, row.requeue_count) == ("suppressed", 0, 1)
+    page = admin_client.get(reverse("admin:notifications_retry_notificationentity_change", args=[row.pk]))
+    timeline = page.content.decode().split('class="nr-timeline"', 1)[1].split("</ol>", 1)[0]
+    assert "not attempted: suppressed" in timeline
+    assert "#0" not in timeline and ">replay<" not in timeline and "no answer recorded" not in timeline
+    assert "left no entry" not in page.content.decode()
+
+
+def test_the_recovery_job_pages_show_every_time_in_the_admin_format(operator, clock):
+    hook = ChannelFactory(key="hook", max_attempts=5)
+    seed_dead_letters(hook, 3, first=SINCE)
+    job = recovery.start_job(
+        recovery.RecoveryFilter(channel=hook, since=SINCE, until=datetime(2026, 3, 2, tzinfo=UTC)),
+        actor="ann",
+        clock=clock,
+    )
+    recovery.run_job(job.pk, clock=clock)
+    listing = operator.get(reverse("admin:notifications_retry_recoveryjob_changelist")).content.decode()
+    page = operator.get(reverse("admin:notifications_retry_recoveryjob_change", args=[job.pk]))
+    for html in (listing, page.content.decode()):
+        stamps = assert_admin_times(html)
+        assert "2026-03-01 02:00:00 UTC to 2026-03-02 00:00:00 UTC (unresolved dead letters)" in html
+        assert len(stamps) >= 3, stamps  # the window's two ends, when it was created
+    assert len(assert_admin_times(page.content.decode())) >= 6  # and started, its last chunk, finished

@@ -14,6 +14,7 @@ from django.urls import reverse
 from notifications_retry import api
 from notifications_retry.models import DeliveryStatus, NotificationEntity, Suppression, SuppressionChange
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.admin_pages import assert_admin_times
 
 pytestmark = pytest.mark.django_db
 
@@ -136,3 +137,41 @@ def test_delivery_status_is_listed_and_shown_on_the_notification_page(admin_clie
         reverse("admin:notifications_retry_deliverystatus_changelist"), {"state": "opened"}
     )
     assert listing.status_code == 200 and str(row.pk)[:8].encode() in listing.content
+
+
+def test_the_suppression_pages_show_every_time_in_the_admin_format(admin_client):
+    """The list, an entry's page, the audit and the delivery statuses: "2026-03-01 10:00:00 UTC", as
+    every other admin page, not Django's "March 1, 2026, 10 a.m."."""
+    at = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+    entry = Suppression.objects.create(
+        address="ann@example.com",
+        reason="hard_bounce",
+        source="Postmark",
+        first_event_at=at,
+        last_event_at=at,
+        expires_at=datetime(2027, 3, 1, 10, 0, tzinfo=UTC),
+    )
+    change = SuppressionChange.objects.create(
+        address="ann@example.com", channel="*", action="add", reason="manual", actor="ann", created_at=at
+    )
+    row = NotificationFactory(
+        channel=ChannelFactory(key="email", provider_key="django_email"),
+        status=NotificationEntity.Status.SENT,
+        provider_message_id="pm-1",
+    )
+    DeliveryStatus.objects.create(
+        notification=row, state="delivered", state_at=at, esp="Postmark", delivered_at=at, updated_at=at
+    )
+    pages = {
+        reverse(LIST): 2,  # last event, expiry
+        reverse("admin:notifications_retry_suppression_change", args=[entry.pk]): 3,
+        reverse("admin:notifications_retry_suppressionchange_changelist"): 1,
+        reverse("admin:notifications_retry_suppressionchange_change", args=[change.pk]): 1,
+        reverse("admin:notifications_retry_deliverystatus_changelist"): 2,
+        reverse("admin:notifications_retry_deliverystatus_change", args=[row.pk]): 3,
+    }
+    for url, least in pages.items():
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        stamps = assert_admin_times(response.content.decode())
+        assert "2026-03-01 10:00:00 UTC" in stamps and len(stamps) >= least, (url, stamps)

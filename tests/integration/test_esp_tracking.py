@@ -257,12 +257,9 @@ def test_a_mailgun_post_with_a_forged_signature_changes_nothing(client):
     assert not Suppression.objects.exists() and not DeliveryStatus.objects.exists()
 
 
-def test_a_bounce_reported_for_a_real_postmark_send_stops_the_next_send_to_that_address(
-    client, clock, webhook_server
-):
-    """End to end: anymail's Postmark backend sends (its API on 127.0.0.1), Postmark's bounce webhook
-    comes back with the metadata it was given, and the next notification to the address never reaches
-    the ESP."""
+def postmark_channel_tick(clock, webhook_server):
+    """A ``tick(recipient)`` that sends one due email through anymail's Postmark backend (its API on
+    127.0.0.1) in one worker tick and returns the row."""
     webhook_server.responder = postmark_ok
     channel = ChannelFactory(
         key="email", provider_key="django_email", options=postmark_options(webhook_server)
@@ -285,6 +282,16 @@ def test_a_bounce_reported_for_a_real_postmark_send_stops_the_next_send_to_that_
         row.refresh_from_db()
         return row
 
+    return tick
+
+
+def test_a_bounce_reported_for_a_real_postmark_send_stops_the_next_send_to_that_address(
+    client, clock, webhook_server
+):
+    """End to end: anymail's Postmark backend sends (its API on 127.0.0.1), Postmark's bounce webhook
+    comes back with the metadata it was given, and the next notification to the address never reaches
+    the ESP."""
+    tick = postmark_channel_tick(clock, webhook_server)
     first = tick("ann@example.com")
     assert (first.status, first.provider_message_id) == (Status.SENT, "pm-42")
     (request,) = webhook_server.requests
@@ -295,3 +302,32 @@ def test_a_bounce_reported_for_a_real_postmark_send_stops_the_next_send_to_that_
     second = tick("ann@example.com")
     assert (second.status, second.error_kind, second.attempts) == (Status.FAILED, "suppressed", 0)
     assert len(webhook_server.requests) == 1  # the ESP never heard of the second one
+
+
+def test_the_case_different_bounce_matches_suppresses_and_stops_the_next_send(client, clock, webhook_server):
+    """A message sent to ``John@Example.com`` bounces as ``john@example.com`` (ESPs report addresses
+    without case): the report matches, the address is suppressed, and the next notification to the
+    mailbox, however it is cased, never reaches the ESP. The address is sent as written."""
+    tick = postmark_channel_tick(clock, webhook_server)
+    first = tick("John@Example.com")
+    assert first.status == Status.SENT, first.last_error
+    (request,) = webhook_server.requests
+    assert request.json()["To"] == "John@Example.com"  # sent as written
+    with capture_logs() as logs:
+        response = postmark(
+            client, {**bounce(first), "Email": "john@example.com", "Metadata": request.json()["Metadata"]}
+        )
+    assert response.status_code == 200
+    assert [e["event"] for e in logs if e["event"].startswith("esp-report")] == ["esp-report-applied"]
+    suppression = Suppression.objects.get()
+    assert (suppression.address, suppression.channel, suppression.reason) == (
+        "john@example.com",
+        "*",
+        "hard_bounce",
+    )
+    assert DeliveryStatus.objects.get(notification=first).state == "bounced"
+    for recipient in ("John@Example.com", "JOHN@EXAMPLE.COM", "John <john@example.com>"):
+        later = tick(recipient)
+        assert (later.status, later.error_kind, later.attempts) == (Status.FAILED, "suppressed", 0)
+        assert later.recipient == recipient
+    assert len(webhook_server.requests) == 1  # the ESP heard of the first one only

@@ -3,6 +3,7 @@ chosen permissions, and the changelist's actions."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -103,3 +104,24 @@ def action(client: Client, name: str, ids: list[Any], query: str = "", **extra: 
 
 def ids_in(response: Any) -> set[str]:
     return {str(obj.pk) for obj in response.context["cl"].result_list}
+
+
+#: A time as a page may show it: a date, hours and minutes, maybe seconds, fraction, offset or zone.
+TIME_STAMP = re.compile(r"\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d)?(?:\.\d+)?(?:[+-]\d\d:\d\d| UTC)?")
+#: Django's own rendering of a DateTimeField (DATETIME_FORMAT "N j, Y, P"): "March 1, 2026, 10 a.m.".
+DJANGO_DATETIME = re.compile(
+    r"\b(?:Jan|Feb|March|April|May|June|July|Aug|Sept|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}|\b[ap]\.m\.|"
+    r"\bnoon\b|\bmidnight\b"
+)
+
+
+def assert_admin_times(page: str) -> list[str]:
+    """Every time ``page`` shows is in the admin's one format (display.TIMESTAMP_FORMAT, with its zone)."""
+    # Form values, links and stored documents (a payload, an answer's excerpt) carry times as machines
+    # read them (ISO 8601): the admin shows them as they are, not as times of its own.
+    text = re.sub(r'<(?:input|option)[^>]*>|href="[^"]*"|<pre[^>]*>.*?</pre>', "", page, flags=re.S)
+    stamps: list[str] = TIME_STAMP.findall(text)
+    odd = [s for s in stamps if not re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", s)]
+    assert not odd, odd
+    assert not DJANGO_DATETIME.search(text), DJANGO_DATETIME.search(text)
+    return stamps
