@@ -103,7 +103,7 @@ NOTIFICATIONS_RETRY: dict[str, Any] = {
     # number of worker replicas; 1 (the default) is one owner for the whole lane.
     "PARTITIONS": int(os.environ.get("NOTIFICATIONS_RETRY_PARTITIONS", "1")),
     "ATTEMPTS_BY_TYPE": {"transactional": 8, "marketing": 3},
-    # The webhook allowlist (SPEC §5): comma-separated hosts, IPs or CIDRs, e.g. "127.0.0.1" for a local
+    # The webhook allowlist: comma-separated hosts, IPs or CIDRs, e.g. "127.0.0.1" for a local
     # receiver in a demo. Unset or empty: no internal address is allowed (docs/providers.md).
     "WEBHOOK_ALLOWED_HOSTS": [
         host.strip()

@@ -50,6 +50,14 @@ log = structlog.get_logger("notifications_retry.worker")
 STOP_COMMIT_GRACE_SECONDS = 2.0
 
 
+def stop_budget_seconds(max_timeout: float) -> float:
+    """The longest a graceful stop takes in the process, for channels whose largest ``timeout_seconds``
+    is ``max_timeout``: the calls in flight end within their timeout and the executor's grace (past it
+    a call is abandoned), then the outcomes in hand commit, or are given up on once the database has
+    stayed unreachable for ``STOP_COMMIT_GRACE_SECONDS``. docs/operations.md, "Stopping"."""
+    return max_timeout + ABANDON_GRACE_SECONDS + STOP_COMMIT_GRACE_SECONDS
+
+
 class Worker:
     """Runs ticks: single owner by advisory lock, claim → call → commit, graceful stop."""
 
@@ -102,6 +110,8 @@ class Worker:
         signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
         metrics.precreate_series([], [], [self.lane])
         self._stop_at: float | None = None
+        #: The stop budget last logged (``stop-budget``: at the first tick, and when channels change it).
+        self._stop_budget: float | None = None
         # A looping worker keeps outcomes through an outage of any length (the claim token refuses a
         # late one whose row was taken over); a single tick gives up on those whose lease ran out.
         self._looping = False
@@ -313,6 +323,7 @@ class Worker:
         self.bookkeeping.tick_started(self.clock.now())
         runtimes, waiting = self.channels.load(self.clock.now(), bound)
         stats.channel_disabled += sum(waiting.values())
+        self._log_stop_budget(runtimes.values(), bound)
         self._keys.clear()
         self._keys.update({cid: rt.key for cid, rt in runtimes.items()})
         with tracing.span("notifications_retry.tick", job_run_id=stats.run_id, lane=self.lane) as span:
@@ -338,6 +349,21 @@ class Worker:
                 sent=stats.sent,
                 retried=stats.retried,
                 terminal=stats.terminal,
+            )
+
+    def _log_stop_budget(self, runtimes: Any, bound: Any) -> None:
+        """Say how long a graceful stop may take with the channels loaded, when it changes: what a
+        process manager must wait before it kills (``terminationGracePeriodSeconds``)."""
+        max_timeout = max([float(rt.config.timeout_seconds) for rt in runtimes] or [0.0])
+        budget = stop_budget_seconds(max_timeout)
+        if budget != self._stop_budget:
+            self._stop_budget = budget
+            bound.info(
+                "stop-budget",
+                stop_budget_s=round(budget, 3),
+                max_timeout_s=max_timeout,
+                formula=f"max(timeout_seconds) + {ABANDON_GRACE_SECONDS:g} s"
+                f" + {STOP_COMMIT_GRACE_SECONDS:g} s",
             )
 
     def _calls_timeout(self, runtimes: Any) -> float:
@@ -390,4 +416,4 @@ class Worker:
             self.heartbeat.try_beat(self.wall(), owned, log)
 
 
-__all__ = ["TickStats", "Worker"]
+__all__ = ["TickStats", "Worker", "stop_budget_seconds"]

@@ -1,5 +1,5 @@
 """The example project is pointed at a broker, a direct lock database and an SMTP server by environment
-variables alone (README, "The example project's environment"), each tried against the real thing.
+variables alone (docs/development.md, "The example project's environment"), each tried against the real thing.
 
 Every case runs the example project's own command in a subprocess (``example_project.settings``) on
 this test's database, with nothing but the documented variables set.

@@ -156,3 +156,24 @@ def test_a_claim_isolating_its_rows_says_how_many(clock: ManualClock) -> None:
     assert (
         isolate and isolate[0]["rows"] == 4 and isolate[0]["lane"] == "default" and isolate[0]["job_run_id"]
     )
+
+
+def test_the_stop_budget_is_logged_at_the_first_tick_and_when_a_timeout_changes_it(
+    clock: ManualClock,
+) -> None:
+    # What a process manager must wait before it kills (terminationGracePeriodSeconds): the largest
+    # timeout of the channels loaded + 0.5 s + 2 s, said once, and again only when it changes.
+    hook = ChannelFactory(key="hook", provider_key="in_app", timeout_seconds=5)
+    ChannelFactory(key="in_app", provider_key="in_app", timeout_seconds=2)
+    worker = Worker(clock=clock, rng=random.Random(1))
+    try:
+        with capture_logs() as logs:
+            worker.tick()
+            worker.tick()
+            ChannelConfig.objects.filter(pk=hook.pk).update(timeout_seconds=30)
+            worker.tick()
+    finally:
+        worker.close()
+    budgets = _events(logs, "stop-budget")
+    assert [(e["stop_budget_s"], e["max_timeout_s"]) for e in budgets] == [(7.5, 5.0), (32.5, 30.0)]
+    assert budgets[0]["formula"] == "max(timeout_seconds) + 0.5 s + 2 s"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -44,3 +47,31 @@ def test_the_help_lists_every_built_in_publisher() -> None:
     assert set(BUILTIN_PUBLISHERS) == {"log", "http", "rabbitmq", "nats"}
     for name in BUILTIN_PUBLISHERS:
         assert f"'{name}'" in text, text
+
+
+@pytest.mark.django_db
+def test_the_relay_writes_the_heartbeat_file_its_check_reads(clock, tmp_path, capsys):
+    # The separate relay Deployment's liveness probe: the relay beats after every batch, --check reads it.
+    beat = tmp_path / "relay.heartbeat"
+    make_events(clock, keys=1)
+    call_command("outbox_relay", "--once", "--publisher", "log", "--heartbeat-file", str(beat))
+    assert json.loads(beat.read_text())["lane"] == "outbox-relay"
+    call_command("outbox_relay", "--check", "--heartbeat-file", str(beat))
+    assert capsys.readouterr().out.splitlines()[-1].startswith("healthy")
+
+
+def test_the_relay_check_fails_on_an_old_missing_or_foreign_heartbeat(tmp_path):
+    old = tmp_path / "old.heartbeat"
+    old.write_text(json.dumps({"pid": 1, "lane": "outbox-relay", "partitions": [], "at": time.time() - 181}))
+    worker = tmp_path / "worker.heartbeat"
+    worker.write_text(json.dumps({"pid": 1, "lane": "default", "partitions": [], "at": time.time()}))
+    for path in (old, worker, tmp_path / "missing.heartbeat"):
+        with pytest.raises(CommandError, match="unhealthy") as info:
+            call_command("outbox_relay", "--check", "--heartbeat-file", str(path))
+        assert info.value.returncode == 1
+
+
+def test_the_relay_check_needs_its_heartbeat_file():
+    with pytest.raises(CommandError, match="--heartbeat-file") as info:
+        call_command("outbox_relay", "--check")
+    assert info.value.returncode == 2

@@ -2,7 +2,7 @@
 
 A snippet of docs/providers.md once read ``NOTIFICATIONS_RETRY = {...}``: pasted after the README's
 configuration, it silently dropped it. Each docs block that touches ``NOTIFICATIONS_RETRY`` is run here
-as it would be pasted: after the README's own settings snippets (step 3 defines the dict, later ones
+as it would be pasted: after the README's own settings snippets (install step 2 defines the dict, later ones
 add to it), in a namespace like a settings module's. What it leaves must keep every key the README set
 and pass the settings validation (check E001's rules).
 """
@@ -10,9 +10,12 @@ and pass the settings validation (check E001's rules).
 from __future__ import annotations
 
 import copy
+import os
 import re
+import types
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import dj_database_url
 import pytest
@@ -42,12 +45,15 @@ def readme_settings() -> dict[str, Any]:
     """The README's settings snippets that build NOTIFICATIONS_RETRY, run in order."""
     namespace: dict[str, Any] = {"INSTALLED_APPS": [], "MIDDLEWARE": [], "DEBUG": True}
     tagged = re.findall(r"<!-- snippet: settings\.py -->\n[ ]*```python\n(.*?)^[ ]*```$", README, re.M | re.S)
-    for code in tagged:
-        if "NOTIFICATIONS_RETRY" in code:
-            lines = code.splitlines()
-            indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
-            exec("\n".join(line[indent:] for line in lines), namespace)
-    return namespace
+    # The block that defines the dict also reads the database from DATABASE_URL.
+    with mock.patch.dict(os.environ, {"DATABASE_URL": "postgres://app@db:5432/app"}):
+        for code in tagged:
+            if "NOTIFICATIONS_RETRY" in code:
+                lines = code.splitlines()
+                indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
+                exec("\n".join(line[indent:] for line in lines), namespace)
+    # The settings, not the modules the snippets import.
+    return {k: v for k, v in namespace.items() if not isinstance(v, types.ModuleType) and k != "__builtins__"}
 
 
 def test_the_readme_defines_the_dict_once_and_only_extends_it_afterwards() -> None:

@@ -1,7 +1,7 @@
-"""``make test`` says what it installs before it does, and the README lists it.
+"""``make test`` says what it installs before it does, and docs/development.md lists it.
 
 Each ``scripts/ensure-*`` that runs ``apt-get install`` prints, before it, one line per package naming it
-and why; the README's Development section names every package ``make test``'s scripts may install.
+and why; docs/development.md names every package ``make test``'s scripts may install.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ def test_each_package_is_announced_with_its_reason_before_apt_get_runs(path: Pat
 def test_the_readme_lists_what_make_test_installs() -> None:
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    development = (ROOT / "README.md").read_text().split("## Development", 1)[1].split("\n## ", 1)[0]
+    development = (
+        (ROOT / "docs" / "development.md").read_text().split("## Commands", 1)[1].split("\n## ", 1)[0]
+    )
     for name in re.findall(r"bash scripts/(ensure-[\w-]+)", recipe):
         script = (ROOT / "scripts" / name).read_text()
         if "apt-get install" not in script:
             continue
         for package in installed_packages(script):
-            assert f"`{package}`" in development, f"README's Development section does not list {package}"
+            assert f"`{package}`" in development, f"docs/development.md does not list {package}"
