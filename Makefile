@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
 
 # The demo's: the venv's own pip as the interpreter brings it (recent enough for an editable install), and
 # no byte-compiling of every dependency's modules (the demo compiles those it imports, on first use).
@@ -155,6 +155,13 @@ bench-relay: $(VENV)/.installed
 bench-suppression: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.suppression $(BENCH_ARGS)
+
+# How soon a failing endpoint's calls stop (database nr_bench_health of the local server): calls to a
+# 410 endpoint with 500 rows due at max_concurrency 8; the simulated time until an endpoint failing 97 %
+# of its calls is disabled on default settings (the real worker and receiver, ticks on a simulated clock).
+health-bench: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.endpoint_health $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

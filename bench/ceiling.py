@@ -24,7 +24,7 @@ from bench.receiver import Sink, webhook_channel
 from bench.report import COST_HEADER, cost_row, median_cost, table
 from bench.worker_drain import drain_once
 
-# Targets of the lean-ceiling issue: worker rows/s at least this share of the lean drain's, WAL per
+# Targets: worker rows/s at least this share of the lean drain's, WAL per
 # notification at most these multiples of the lean drain's.
 TARGET_RATE_SHARE = 0.30
 TARGET_WAL_INLINE = 2.0

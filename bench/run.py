@@ -113,7 +113,7 @@ def _fillfactor(text: str) -> int:
     return value
 
 
-#: Targets of the engine issue: share of max_concurrency / latency at each concurrency (others: 0.8).
+#: Targets: share of max_concurrency / latency at each concurrency (others: 0.8).
 LATENCY_TARGETS = {32: 0.90, 128: 0.80}
 
 

@@ -2,7 +2,7 @@
 
 A provider attaches an :class:`Evidence` to its :class:`~notifications_retry.providers.base.SendResult`
 or to the :class:`~notifications_retry.exceptions.ProviderError` it raises; the executor copies it onto
-the outcome, and finalize writes it into the attempt's ``attempt_log`` entry (SPEC §5: ``status_code``,
+the outcome, and finalize writes it into the attempt's ``attempt_log`` entry (``status_code``,
 ``duration_ms``, ``response_excerpt``, ``remote_addr``, ``trigger``).
 
 A provider hands over the answer's text as received (:func:`answer_text`: at most a few KiB, the
@@ -31,7 +31,7 @@ __all__ = [
     "evidence_of",
 ]
 
-#: At most this many bytes of an answer are kept per attempt (SPEC §5: 1 KiB).
+#: At most this many bytes of an answer are kept per attempt (1 KiB, the public contract).
 EXCERPT_BYTES = 1024
 #: What started an attempt: the worker's due retry or deferred send; the first attempt after an
 #: operator's requeue; the first after a recovery job's requeue; the monolith's own send, handed over.

@@ -8,9 +8,10 @@ endpoint answers ``410 Gone`` (the Standard Webhooks spec: the receiver says it 
 
 With its circuit open, a channel makes one call (its breaker's probe) every ``CIRCUIT_COOLDOWN_SECONDS``
 however many rows wait: the window of an endpoint that fails every call would fill to
-``HEALTH_MIN_ATTEMPTS`` only after about 20 minutes (50 calls, one every 30 s). A failed probe is
-therefore judged on the calls its breaker lets through in :data:`PROBING_SPAN_SECONDS`
-(:func:`probing_minimum`: 10 on defaults) when that is fewer.
+``HEALTH_MIN_ATTEMPTS`` only after about 20 minutes (50 calls, one every 30 s). So a probe that fails
+once the circuit has been open (no success since it opened) for :data:`PROBING_SPAN_SECONDS` is judged
+on the calls the breaker lets through in that time (:func:`probing_minimum`: 10 on defaults), when
+that is fewer. A short outage, or one success, keeps the usual minimum.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ OK, WARNING, DISABLED = "ok", "warning", "disabled"
 GONE = 410
 #: Buckets per window: the window slides by a 24th of itself (an hour for the default day).
 BUCKETS_PER_WINDOW = 24
-#: With its circuit open, a channel's window is judged once it holds the calls its breaker lets through
-#: in this span (the failures that opened it, then a probe per cool-down): on defaults, 5 calls and 5
-#: probes, so an endpoint that fails every call is judged about 2.5 minutes after its circuit opened.
+#: A probe failing once the circuit has been open this long is judged on the calls its breaker lets
+#: through in that time (the failures that opened it, then a probe per cool-down): on defaults, 5 calls
+#: and 5 probes, so an endpoint that fails every call is judged 2.5 minutes after its circuit opened.
 PROBING_SPAN_SECONDS = 150.0
 
 
@@ -39,7 +40,8 @@ class Thresholds:
     min_attempts: int
     window_seconds: int
     cooldown_seconds: int
-    #: Calls the window must hold when the batch has a failed probe (None: ``min_attempts``).
+    #: Calls the window must hold at a probe failing after :data:`PROBING_SPAN_SECONDS` of open circuit
+    #: (None: ``min_attempts``).
     probing_min_attempts: int | None = None
 
     @classmethod
@@ -59,7 +61,7 @@ class Thresholds:
 
     def needed(self, window: Window) -> int:
         """Calls ``window`` must hold before its ratio warns or disables."""
-        if window.probing and self.probing_min_attempts is not None:
+        if window.circuit_open_for >= PROBING_SPAN_SECONDS and self.probing_min_attempts is not None:
             return min(self.min_attempts, self.probing_min_attempts)
         return self.min_attempts
 
@@ -71,12 +73,13 @@ class Thresholds:
 @dataclasses.dataclass(frozen=True)
 class Window:
     """A channel's calls and failed calls in the window, whether one of the batch's answered 410 Gone,
-    and whether one of them was a failed probe of its circuit breaker (the circuit is open again)."""
+    and, at a failed probe of its circuit breaker among them, how long (seconds) the circuit had been
+    open with no success since (0.0: none)."""
 
     attempts: int
     failures: int
     gone: bool = False
-    probing: bool = False
+    circuit_open_for: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -97,9 +100,9 @@ def gone(status_code: int | None) -> bool:
 
 
 def probing_minimum(min_attempts: int, circuit_threshold: int, circuit_cooldown: float) -> int:
-    """Calls a window must hold to be judged on a failed probe: the ``circuit_threshold`` failures in a
-    row that opened the circuit, then one probe per ``circuit_cooldown`` over :data:`PROBING_SPAN_SECONDS`
-    (one at least); never more than ``min_attempts``."""
+    """Calls a window must hold to be judged at a probe failing after :data:`PROBING_SPAN_SECONDS` of open
+    circuit: the ``circuit_threshold`` failures in a row that opened it, then one probe per
+    ``circuit_cooldown`` in that span (one at least); never more than ``min_attempts``."""
     probes = math.ceil(PROBING_SPAN_SECONDS / circuit_cooldown) if circuit_cooldown > 0 else min_attempts
     return max(1, min(min_attempts, circuit_threshold + max(1, probes)))
 
@@ -113,8 +116,8 @@ def assess(state: str, window: Window, limits: Thresholds) -> Transition | None:
     """The change ``window`` calls for on a channel in ``state``, or None to stay.
 
     A disabled channel stays disabled (only an operator re-enables it). Below ``min_attempts`` (fewer
-    after a failed probe: :meth:`Thresholds.needed`) the ratio says too little to disable or warn on,
-    except that a warning clears once failures fall back under the warning ratio.
+    at a probe failing after a long open circuit: :meth:`Thresholds.needed`) the ratio says too little
+    to disable or warn on, except that a warning clears once failures fall back under the warning ratio.
     """
     if state == DISABLED:
         return None
@@ -127,7 +130,9 @@ def assess(state: str, window: Window, limits: Thresholds) -> Transition | None:
         f"{_span(limits.window_seconds)}"
     )
     if needed <= window.attempts < limits.min_attempts:
-        described += f", its circuit open (judged from {needed} calls)"
+        described += (
+            f", its circuit open for {window.circuit_open_for / 60:.1f} min (judged from {needed} calls)"
+        )
     enough = window.attempts >= needed
     if enough and ratio >= limits.disable_ratio:
         return Transition(

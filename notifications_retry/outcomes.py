@@ -134,9 +134,10 @@ class Outcome:
     evidence: Evidence | None = None
     #: What started the attempt (evidence.TRIGGERS); None: finalize reads it from the row.
     trigger: str | None = None
-    #: The call was its channel's circuit-breaker probe (the circuit open, one call let through per
-    #: cool-down): endpoint health judges a failed one on fewer calls (health_rules.probing_minimum).
-    probe: bool = False
+    #: A failed probe of its channel's circuit breaker (the one call let through per cool-down): how long
+    #: the circuit had been open, with no success since, when the probe ended (seconds; None: not a
+    #: failed probe). Endpoint health then judges on fewer calls (health_rules.Thresholds.needed).
+    circuit_open_for: float | None = None
 
     @property
     def emits_event(self) -> bool:

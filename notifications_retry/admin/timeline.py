@@ -1,6 +1,6 @@
 """The attempt timeline of a notification's page: each attempt's answer, evidence and trigger, in order.
 
-Reads ``attempt_log`` as finalize writes it (SPEC §5). Entries older than the evidence fields lack
+Reads ``attempt_log`` as finalize writes it. Entries older than the evidence fields lack
 them and show as such; nothing here trusts an entry's shape (the log is JSON any hand may have edited).
 """
 

@@ -212,7 +212,7 @@ def outcome_steps(
                     **({"error": error[:300]} if error else {}),
                     # A failover: the fallback channel whose provider delivered this attempt.
                     **({"delivered_by": o.delivered_by} if o.delivered_by else {}),
-                    # A provider call's answer (SPEC §5); an outcome decided without a call has none.
+                    # A provider call's answer (its evidence); an outcome decided without a call has none.
                     **(o.evidence.log_fields() if o.evidence is not None else {}),
                 },
             }

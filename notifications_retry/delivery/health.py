@@ -86,18 +86,29 @@ def disables_at_once(o: Outcome) -> bool:
     )
 
 
-def _counts(outcomes: Sequence[Outcome]) -> dict[int, list[int]]:
-    """Per channel: counted calls, failed ones, 410s, failed probes of its circuit breaker."""
-    counts: dict[int, list[int]] = {}
+@dataclasses.dataclass(slots=True)
+class _Calls:
+    """A batch's counted calls of one channel (see :class:`~notifications_retry.health_rules.Window`)."""
+
+    attempts: int = 0
+    failures: int = 0
+    gone: bool = False
+    circuit_open_for: float = 0.0
+
+
+def _counts(outcomes: Sequence[Outcome]) -> dict[int, _Calls]:
+    """Per channel: counted calls, failed ones, whether one answered 410, and the longest its circuit
+    had been open at a failed probe."""
+    counts: dict[int, _Calls] = {}
     for o in outcomes:
         if not counted(o):
             continue
-        row = counts.setdefault(o.record.channel_id, [0, 0, 0, 0])
-        row[0] += 1
+        calls = counts.setdefault(o.record.channel_id, _Calls())
+        calls.attempts += 1
         if o.result != SENT:
-            row[1] += 1
-            row[2] += disables_at_once(o)
-            row[3] += o.probe
+            calls.failures += 1
+            calls.gone = calls.gone or disables_at_once(o)
+            calls.circuit_open_for = max(calls.circuit_open_for, o.circuit_open_for or 0.0)
     return counts
 
 
@@ -140,7 +151,9 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
     if not counts:
         return Judged([], [])
     limits = Thresholds.of(get_settings())
-    rows = [{"channel_id": cid, "attempts": a, "failures": f} for cid, (a, f, *_) in sorted(counts.items())]
+    rows = [
+        {"channel_id": c, "attempts": n.attempts, "failures": n.failures} for c, n in sorted(counts.items())
+    ]
     start = health_rules.bucket_start(now, limits)
     yield Statement(_UPSERT, {"rows": json_document(rows), "start": start}, rows=False)
     since = now - timedelta(seconds=limits.window_seconds)
@@ -153,8 +166,8 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
     for cid, state, enabled, attempts, failures in sums:
         if not enabled:
             disabled.append(cid)
-        _, _, gone, probes = counts[cid]
-        window = Window(int(attempts), int(failures), gone=gone > 0, probing=probes > 0)
+        calls = counts[cid]
+        window = Window(int(attempts), int(failures), calls.gone, calls.circuit_open_for)
         transition = health_rules.assess(state, window, limits)
         if transition is not None:
             changes.append(HealthChange(cid, state, transition, window))

@@ -43,7 +43,7 @@ from notifications_retry.engine.partitions import PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.locks import AdvisoryLock
-from notifications_retry.outcomes import ClaimedRecord, Outcome
+from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -279,9 +279,11 @@ class Dispatcher:
                 self._stop(rt, "the channel was disabled (its endpoint health or an operator)")
 
     def _outcome(self, rt: ChannelRuntime, outcome: Outcome, probe: bool) -> Outcome:
-        """A call's outcome, marked when it was its circuit's probe; a 410 Gone stops ``rt`` at once."""
-        if probe:
-            outcome = dataclasses.replace(outcome, probe=True)
+        """A call's outcome, a failed probe of its circuit marked with how long the circuit has been
+        open (endpoint health judges it on fewer calls); a 410 Gone stops ``rt`` at once."""
+        if probe and outcome.result != SENT and rt.breaker.open_since is not None:
+            open_for = rt.breaker.open_for(self.monotonic())
+            outcome = dataclasses.replace(outcome, circuit_open_for=open_for)
         if disables_at_once(outcome):
             self._stop(rt, "the endpoint answered 410 Gone")
         return outcome

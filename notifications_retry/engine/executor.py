@@ -107,7 +107,7 @@ class Executor:
     def raised(
         self, rt: ChannelRuntime, record: ClaimedRecord, exc: BaseException, started: float
     ) -> Outcome:
-        """Classify what a provider call raised (SPEC §5): its error's kind, else a retriable crash."""
+        """Classify what a provider call raised: its error's kind, else a retriable crash."""
         return self.failed(rt, record, failure_of(exc), started, evidence_of(exc))
 
     def _ms(self, started: float) -> float:

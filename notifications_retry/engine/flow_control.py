@@ -119,6 +119,8 @@ class CircuitBreaker:
         self.failures = 0
         self.state = self.CLOSED
         self.opened_at = 0.0
+        #: When the circuit opened from closed (monotonic; None while closed): failed probes keep it.
+        self.open_since: float | None = None
         self.probe_in_flight = False
         self.on_change = on_change
 
@@ -158,15 +160,22 @@ class CircuitBreaker:
         """Record a success; returns the new state when it changed."""
         self.failures = 0
         self.probe_in_flight = False
+        self.open_since = None
         return self._set(self.CLOSED)
 
     def failure(self, now: float) -> str | None:
         """Record a retriable failure; returns the new state when it changed."""
         self.failures += 1
         if self.state == self.HALF_OPEN or (self.state == self.CLOSED and self.failures >= self.threshold):
+            if self.state == self.CLOSED:
+                self.open_since = now
             self.opened_at, self.probe_in_flight = now, False
             return self._set(self.OPEN)
         return None
+
+    def open_for(self, now: float) -> float:
+        """Seconds since the circuit opened from closed, failed probes included (0.0 while closed)."""
+        return 0.0 if self.open_since is None else max(0.0, now - self.open_since)
 
     def neutral(self) -> None:
         """An outcome that says nothing about the provider's health (a permanent error)."""

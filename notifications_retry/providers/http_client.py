@@ -68,7 +68,7 @@ AddressGuard = Callable[[str], "str | None"]
 
 
 class TransportError(Exception):
-    """A request that got no usable answer; ``kind`` names why, in the SPEC's error kinds."""
+    """A request that got no usable answer; ``kind`` names why, one of the contract's error kinds."""
 
     kind = "transport"
     retriable = True
