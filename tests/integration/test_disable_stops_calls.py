@@ -107,6 +107,7 @@ def test_a_410_with_a_full_claim_gets_at_most_the_channels_concurrency_in_calls(
     rows = claimable(clock, channel)
     stats = tick(clock)
     calls = len(webhook_server.requests)
+    print(f"410 Gone: {calls} calls, {stats.claims} rows claimed")
     assert 1 <= calls <= CONCURRENCY, f"{calls} calls to an endpoint that answered 410 Gone"
     called, untouched = called_and_untouched(rows)
     assert len(called) == calls and all(row.dead_lettered_at for row in called), "each 410 is final"
@@ -138,6 +139,7 @@ def test_the_failure_ratio_crossed_stops_the_calls_at_the_commit_that_found_it(
     # The disabling commit counted change.attempts calls; after it, only calls already in flight or
     # finished and not yet committed (each slot's, at most a few rounds' worth) reach the endpoint.
     after = calls - change.attempts
+    print(f"failure ratio: {change.attempts} calls judged, {after} more after the disable")
     assert 0 <= after <= 3 * CONCURRENCY, f"{after} calls after the disable (of {calls})"
     called, untouched = called_and_untouched(rows)
     assert len(called) == calls and len(untouched) == ROWS - calls
@@ -167,6 +169,7 @@ def test_an_operators_disable_seen_by_a_commit_stops_the_calls_mid_tick(clock, w
     calls = len(webhook_server.requests)
     assert seen_at, "the disable was made mid-tick"
     after = calls - seen_at[0]
+    print(f"operator's disable after {seen_at[0]} calls, {after} more after it")
     # Calls in flight at the disable and those started before the next commit of the channel's
     # outcomes read it: a few rounds of the channel's slots, never the rest of the claim.
     assert after <= 3 * CONCURRENCY, f"{after} calls after the operator's disable (of {calls})"
