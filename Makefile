@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
+.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery bench-prune clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
 
 # The demo's: the venv's own pip as the interpreter brings it (recent enough for an editable install), and
 # no byte-compiling of every dependency's modules (the demo compiles those it imports, on first use).
@@ -66,6 +66,12 @@ recovery-soak: $(VENV)/.installed
 bench-recovery: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.recovery $(BENCH_ARGS)
+
+# The retention of Sent rows at 1,000,000 rows: rows deleted a second, and a tick's claim (median, p99)
+# alone and while the prune runs, in one run (database nr_prune_bench of the local server).
+bench-prune: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.prune $(BENCH_ARGS)
 
 # Network faults between the worker and its servers (latency, loss, a 20 s partition; a 110 s partition) in
 # network namespaces the tests make on a veth pair: needs root; its own PostgreSQL cluster, so no

@@ -128,4 +128,6 @@ SETTINGS: dict[str, Bound] = {
 }
 #: ``METRICS_PORT`` (when not None) and every value of ``ATTEMPTS_BY_TYPE``.
 METRICS_PORT = Bound(0, 65_535, integer=True)
+#: ``SENT_RETENTION_DAYS`` when not None (None, the default, keeps Sent rows).
+SENT_RETENTION_DAYS = Bound(1, 36_500, integer=True)
 ATTEMPTS_BY_TYPE_VALUE = MAX_ATTEMPTS

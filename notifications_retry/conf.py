@@ -56,6 +56,8 @@ class RetrySettings:
     LANES: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     DEAD_LETTER_RETENTION_DAYS: int = 30
     OUTBOX_RETENTION_DAYS: int = 7
+    # Off (None): Sent rows are kept, as in-app rows may be the monolith's inbox (docs/settings.md).
+    SENT_RETENTION_DAYS: int | None = None
     PROVIDERS: Mapping[str, str] = dataclasses.field(default_factory=dict)
     WEBHOOK_ALLOWED_HOSTS: tuple[str, ...] = ()
     RETRY_AFTER_MAX_SECONDS: float = 3600.0
@@ -150,6 +152,10 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         problems.append("WEBHOOK_ALLOWED_HOSTS must be a list of host names")
     if conf.METRICS_PORT is not None and not bounds.METRICS_PORT.contains(conf.METRICS_PORT):
         problems.append(f"METRICS_PORT must be a port number (0 to 65535) or None, got {conf.METRICS_PORT!r}")
+    if conf.SENT_RETENTION_DAYS is not None:
+        problem = bounds.SENT_RETENTION_DAYS.problem("SENT_RETENTION_DAYS", conf.SENT_RETENTION_DAYS)
+        if problem:
+            problems.append(f"{problem} (or None: Sent rows are kept)")
     problems.extend(_outbox_problems(conf))
     problems.extend(_suppression_problems(conf))
     problems.extend(_tenant_limit_problems(conf))

@@ -13,6 +13,7 @@
 - :mod:`.cancel` and :mod:`.triage` are the operators' and the monolith's state changes, and
   :mod:`.recovery` runs a recovery job's requeues in chunks;
 - :mod:`.outbox` marks events published (the relay) and prunes old published ones (housekeeping);
+- :mod:`.retention` deletes old Sent rows in batches, when ``SENT_RETENTION_DAYS`` is set (housekeeping);
 - :mod:`.suppression` reads and writes the suppression list (the claim's one lookup per batch);
 - :mod:`.esp_reports` applies what an ESP reported after a send: delivery status, its outbox event,
   the suppression it calls for;

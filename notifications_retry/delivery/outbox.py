@@ -7,7 +7,7 @@ touched here (the outbox trigger refuses it too).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 from notifications_retry.models import Outbox
@@ -23,7 +23,11 @@ def mark_published(ids: Sequence[int], now: datetime) -> int:
 
 def prune_published_outbox(*, older_than: datetime, chunk: int = DELETE_CHUNK) -> int:
     """Delete published events published before ``older_than``; unpublished ones are never touched."""
-    total = 0
+    return sum(prune_published_outbox_batches(older_than=older_than, chunk=chunk))
+
+
+def prune_published_outbox_batches(*, older_than: datetime, chunk: int = DELETE_CHUNK) -> Iterator[int]:
+    """:func:`prune_published_outbox` one short transaction at a time: yields each one's deletions."""
     while True:
         ids = list(
             Outbox.objects.filter(published_at__isnull=False, published_at__lt=older_than)
@@ -31,9 +35,9 @@ def prune_published_outbox(*, older_than: datetime, chunk: int = DELETE_CHUNK) -
             .values_list("id", flat=True)[:chunk]
         )
         if not ids:
-            return total
+            return
         # The published_at filter again: the trigger refuses unpublished rows, never rely on that alone.
         deleted, _ = Outbox.objects.filter(pk__in=ids, published_at__isnull=False).delete()
-        total += deleted
+        yield deleted
         if len(ids) < chunk:
-            return total
+            return

@@ -6,6 +6,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   stop and the heartbeat file.
 - ``.bookkeeping``: after a tick, the lane's heartbeat row, the backlog's gauges and sample (at most
   every 10 s), and ``cycle-completed``.
+- ``.loop_tasks``: what the loop runs besides ticks (the outbox relay, housekeeping, the outbox gauges,
+  which the command hands it), after each tick and in slices of the wait; a failed task backs off.
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
   start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
   the records their channels can no longer send on.

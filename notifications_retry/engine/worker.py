@@ -37,6 +37,7 @@ from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.loop_completer import LoopCompleter
+from notifications_retry.engine.loop_tasks import LoopTasks
 from notifications_retry.engine.partitions import PartitionLock, lane_lock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, reopens_at, wake_after
@@ -120,8 +121,11 @@ class Worker:
         self.channels = ChannelSet(conf, conf.LANES, self.lane, served, cap=cap)
         self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
         priorities = list(lane_conf.get("priorities") or []) or None
+        #: What the loop runs besides ticks (the relay, housekeeping, the outbox gauges: the command adds
+        #: them, engine.loop_tasks): after each tick, and in slices of the wait between ticks.
+        self.tasks = LoopTasks(monotonic=monotonic, stopping=self._stop.is_set)
         self.waiter = Waiter(
-            LockConnectionPort(self.lock, channels=served, priorities=priorities),
+            self.tasks.around(LockConnectionPort(self.lock, channels=served, priorities=priorities)),
             clock=self.clock,
             monotonic=monotonic,
             stopping=self._stop.is_set,
@@ -180,6 +184,7 @@ class Worker:
         if not self._stop.is_set():
             self._stop_at = self.monotonic()
         self._stop.set()
+        self.tasks.stop()
 
     @property
     def stopping(self) -> bool:
@@ -206,6 +211,8 @@ class Worker:
                 self._beat()
                 ticks.append(self.tick())
                 self._beat()
+                if not self.stopping:
+                    self.tasks.run_due()
                 if once or self.stopping:
                     break
                 # A tick never overlaps the next. After a failed tick the pause grows (capped), so a
@@ -257,7 +264,8 @@ class Worker:
 
     def close(self) -> None:
         """Release the lock, the providers', the commits' and the claims' connections, the send loop and
-        the thread pool."""
+        the thread pool; first the loop's tasks (the relay marks its batch in flight)."""
+        self.tasks.close()
         self.lock.close()
         self.completer.close()
         self.channels.close()
@@ -384,6 +392,8 @@ class Worker:
             # A short sleep, not the stop event: once stopping, the event no longer waits at all.
             sleep=self._sleep or time.sleep,
         )
+        # Records a database fault kept from going back: unsent, with their attempt, before any claim.
+        self.dispatcher.give_back.release_kept(bound)
 
     def _gave_up_after_stop(self) -> bool:
         """A stop was asked and the database stayed unreachable past the grace period."""

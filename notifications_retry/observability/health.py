@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.db.models import Count, Min
 
-from notifications_retry.models import NotificationEntity
+from notifications_retry.models import NotificationEntity, Outbox
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,4 +61,23 @@ def backlog(now: datetime) -> Backlog:
         failed_backlog=NotificationEntity.objects.failed_backlog().count(),
         dead_letters_unresolved=NotificationEntity.objects.unresolved_dead_letters().count(),
         oldest_due_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxBacklog:
+    """What waits for the relay."""
+
+    unpublished: int
+    oldest_unpublished_age_seconds: float
+
+
+def outbox_backlog(now: datetime) -> OutboxBacklog:
+    """Unpublished events and the age of the oldest (0 when none waits): two reads of the partial index
+    on unpublished events, a count of its entries and its first one (the relay's order)."""
+    unpublished = Outbox.objects.filter(published_at__isnull=True)
+    oldest = unpublished.order_by("id").values_list("created_at", flat=True).first()
+    return OutboxBacklog(
+        unpublished=unpublished.count(),
+        oldest_unpublished_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
     )

@@ -98,6 +98,19 @@ OUTCOME_COMMIT_DEFERRED = Counter(
     "notifications_retry_outcome_commits_deferred_total",
     "Commits of outcomes put off because the database was unreachable (the outcomes are kept).",
 )
+OUTBOX_UNPUBLISHED = Gauge(
+    "notifications_retry_outbox_unpublished", "Outbox events not published yet (the relay's backlog)."
+)
+OUTBOX_OLDEST_UNPUBLISHED_AGE = Gauge(
+    "notifications_retry_outbox_oldest_unpublished_age_seconds",
+    "Age of the oldest outbox event not published yet (0: none waits).",
+)
+TASK_FAILURES = Counter(
+    "notifications_retry_task_failures_total",
+    "Failures of the relay and housekeeping, by task (relay: each event a publisher refused or could not "
+    "take, each batch the database failed; housekeeping: each step that raised).",
+    ["task"],
+)
 
 #: The outcome label values of ``notifications_retry_processed_total``.
 OUTCOMES = ("sent", "retry", "terminal")

@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from types import FrameType
 from typing import Any
 
@@ -37,15 +38,33 @@ from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.outbox import mark_published
 from notifications_retry.delivery.session import drop_broken_connection
-from notifications_retry.locks import dedicated_connection, direct_session_pid
+from notifications_retry.locks import AdvisoryLock, dedicated_connection, direct_session_pid
 from notifications_retry.models import Outbox
+from notifications_retry.observability import metrics
+from notifications_retry.observability.health import outbox_backlog
+from notifications_retry.observability.heartbeat_file import HeartbeatFile
 from notifications_retry.outbox.publishers import Publisher, PublishError, get_publisher
 from notifications_retry.retry import exponential_delay
 
 log = structlog.get_logger("notifications_retry.relay")
 
+#: What a relay's heartbeat file names as its writer (``outbox_relay --heartbeat-file``).
+HEARTBEAT_NAME = "outbox-relay"
+
 #: First half of the two-int advisory-lock key of every outbox key ("nrob"): apart from other locks.
 LOCK_CLASS = 0x6E726F62
+#: The most often the outbox gauges are read (about a scrape interval).
+GAUGE_SECONDS = 10.0
+#: In ``retry_worker``: the most one turn of its loop spends relaying (its database steps: claim, key
+#: locks, marking), and the most of the loop's time relaying takes while events keep waiting.
+TURN_SECONDS = 0.5
+SHARE = 0.5
+#: How soon ``retry_worker`` looks again whether its relay's batch in flight has been published.
+PUBLISH_POLL_SECONDS = 0.01
+#: How long a stopping worker waits for its relay's batch in flight (which ends after the event in hand)
+#: before it gives up marking it; and how long the batch taken after ``--once``'s tick has to finish.
+STOP_WAIT_SECONDS = 0.25
+FINISH_WAIT_SECONDS = 10.0
 
 
 @dataclasses.dataclass
@@ -71,19 +90,23 @@ KEY_LOCKS_NAME = "the outbox relay's key locks"
 
 
 class KeyLocks:
-    """Session advisory locks per outbox key, on a connection of their own.
+    """Session advisory locks per outbox key, on a connection of their own or on the worker's lock's.
 
     The locks must outlive the short claim transaction and stay valid through PgBouncer transaction
     pooling, so they live on a direct connection (``LOCK_DATABASE_ALIAS``), like the worker's lock.
-    A relay that dies loses its connection, and with it the locks.
+    A relay that dies loses its connection, and with it the locks. In ``retry_worker`` they live on the
+    cycle lock's own session (``session``, proven direct), so relaying adds no connection to the worker.
     """
 
-    def __init__(self, using: str = "default") -> None:
+    def __init__(self, using: str = "default", *, session: AdvisoryLock | None = None) -> None:
         self.using = using
+        self.session = session
         self._conn: psycopg.Connection[Any] | None = None
         self.held: list[int] = []
 
     def _connect(self) -> psycopg.Connection[Any]:
+        if self.session is not None:
+            return self.session.session()
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._conn = dedicated_connection(self.using, "notifications_retry relay")
@@ -120,9 +143,14 @@ class KeyLocks:
             )
         except psycopg.Error:
             self.close()
+            if self.session is not None:
+                self.session.close()  # the locks may still be held: end the session that holds them
 
     def close(self) -> None:
-        """Close the connection (releasing whatever it held)."""
+        """Close the connection (releasing whatever it held); on a shared session, release the locks."""
+        if self.session is not None:
+            self.release()
+            return
         self.held = []
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
@@ -142,20 +170,34 @@ class Relay:
         max_backoff: float | None = None,
         clock: Clock | None = None,
         sleep: Callable[[float], None] | None = None,
+        heartbeat_file: str | None = None,
+        wall: Callable[[], float] = time.time,
+        locks: KeyLocks | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         conf = get_settings()
         self.publisher = publisher
+        #: This process's own heartbeat on disk, written after every batch: a pod's liveness probe
+        #: (``outbox_relay --check --heartbeat-file``) reads it.
+        self.heartbeat = HeartbeatFile(heartbeat_file, lane=HEARTBEAT_NAME) if heartbeat_file else None
+        self.wall = wall
         self.batch_size = batch_size or conf.OUTBOX_RELAY_BATCH_SIZE
         self.interval = conf.OUTBOX_RELAY_INTERVAL_SECONDS if interval is None else interval
         self.max_backoff = conf.OUTBOX_RELAY_MAX_BACKOFF_SECONDS if max_backoff is None else max_backoff
         self.clock = clock or default_clock(conf.CLOCK)
-        self.locks = KeyLocks(conf.LOCK_DATABASE_ALIAS)
+        self.locks = locks if locks is not None else KeyLocks(conf.LOCK_DATABASE_ALIAS)
+        self.monotonic = monotonic
+        self._gauges_at: float | None = None
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
 
     def stop(self, *_: Any) -> None:
         """Finish the event in hand, mark what was published, release the locks, return."""
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the relay gracefully."""
@@ -172,36 +214,44 @@ class Relay:
         report = RelayReport()
         published: list[int] = []
         try:
-            with transaction.atomic():
-                claimed = list(
-                    Outbox.objects.filter(published_at__isnull=True)
-                    .order_by("id")
-                    .select_for_update(skip_locked=True)
-                    .values_list("key", flat=True)[: self.batch_size]
-                )
-            report.claimed = len(claimed)
-            keys = list(dict.fromkeys(claimed))
-            owned = self.locks.acquire(keys)
-            report.held_elsewhere = len(keys) - len(owned)
-            if not owned:
-                return report
-            # Read again once the keys are ours: the authoritative, ordered list of what is left.
-            rows = list(
-                Outbox.objects.filter(published_at__isnull=True, key__in=owned).order_by("id")[
-                    : self.batch_size
-                ]
-            )
-            self._publish(rows, published, report)
+            self.publish(self.take(report), published, report)
         finally:
-            try:
-                if published:
-                    mark_published(published, self.clock.now())
-            finally:
-                self.locks.release()
-        report.published = len(published)
+            self.settle(published, report)
         return report
 
-    def _publish(self, rows: Sequence[Outbox], published: list[int], report: RelayReport) -> None:
+    def take(self, report: RelayReport) -> list[Outbox]:
+        """Steps 1 and 2 of a batch: the events to publish, their keys locked (:meth:`settle` releases
+        them, whatever happens)."""
+        with transaction.atomic():
+            claimed = list(
+                Outbox.objects.filter(published_at__isnull=True)
+                .order_by("id")
+                .select_for_update(skip_locked=True)
+                .values_list("key", flat=True)[: self.batch_size]
+            )
+        report.claimed = len(claimed)
+        keys = list(dict.fromkeys(claimed))
+        owned = self.locks.acquire(keys)
+        report.held_elsewhere = len(keys) - len(owned)
+        if not owned:
+            return []
+        # Read again once the keys are ours: the authoritative, ordered list of what is left.
+        return list(
+            Outbox.objects.filter(published_at__isnull=True, key__in=owned).order_by("id")[: self.batch_size]
+        )
+
+    def settle(self, published: list[int], report: RelayReport) -> None:
+        """Step 4 of a batch: mark the ``published`` events, and release the key locks."""
+        try:
+            if published:
+                mark_published(published, self.clock.now())
+        finally:
+            self.locks.release()
+        report.published = len(published)
+
+    def publish(self, rows: Sequence[Outbox], published: list[int], report: RelayReport) -> None:
+        """Step 3 of a batch: hand ``rows`` to the publisher (no database: any thread may run it),
+        appending the ids it accepted to ``published``."""
         if self.publisher.pipelines:
             self._publish_in_waves(rows, published, report)
             return
@@ -266,6 +316,7 @@ class Relay:
             pending = later
 
     def _log_failure(self, event: Outbox, error: PublishError) -> None:
+        metrics.TASK_FAILURES.labels(RelayTask.name).inc()
         log.warning(
             "outbox-publish-failed",
             event_id=str(event.event_id),
@@ -286,11 +337,15 @@ class Relay:
                     report = self.batch()
                 except (DatabaseError, psycopg.Error):
                     log.exception("relay-batch-failed")
+                    metrics.TASK_FAILURES.labels(RelayTask.name).inc()
                     drop_broken_connection()
                     self.locks.close()
                     report = RelayReport(endpoint_down=True)
                 reports.append(report)
                 log.info("relay-batch", **dataclasses.asdict(report))
+                self.refresh_gauges()
+                if self.heartbeat is not None:
+                    self.heartbeat.try_beat(self.wall(), None, log)
                 drained = report.published == 0 or report.claimed < self.batch_size
                 if once and (drained or report.failed or report.endpoint_down):
                     break
@@ -302,9 +357,163 @@ class Relay:
                 if drained or report.failed:
                     self._sleep(self.interval)
         finally:
-            self.locks.close()
-            self.publisher.close()
+            self.close()
         return reports
+
+    def refresh_gauges(self) -> None:
+        """Set the outbox gauges, at most every :data:`GAUGE_SECONDS` (a read of the unpublished index)."""
+        now = self.monotonic()
+        if self._gauges_at is not None and now - self._gauges_at < GAUGE_SECONDS:
+            return
+        self._gauges_at = now
+        try:
+            set_outbox_gauges(self.clock.now())
+        except DatabaseError as exc:
+            log.warning("outbox-gauges-failed", error=repr(exc)[:300])
+
+    def close(self) -> None:
+        """Release the key locks (closing their own connection, if they have one) and the publisher."""
+        try:
+            self.locks.close()
+        finally:
+            self.publisher.close()
+
+
+def set_outbox_gauges(now: datetime) -> None:
+    """Read the outbox's backlog and set its gauges (``outbox_relay``'s; ``retry_worker`` has its own)."""
+    backlog = outbox_backlog(now)
+    metrics.OUTBOX_UNPUBLISHED.set(backlog.unpublished)
+    metrics.OUTBOX_OLDEST_UNPUBLISHED_AGE.set(backlog.oldest_unpublished_age_seconds)
+
+
+def configured_publisher() -> Publisher:
+    """The publisher the settings name: ``OUTBOX_PUBLISHER`` with ``OUTBOX_PUBLISHER_OPTIONS`` (ValueError
+    with the reason when it cannot be built)."""
+    conf = get_settings()
+    return get_publisher(conf.OUTBOX_PUBLISHER, dict(conf.OUTBOX_PUBLISHER_OPTIONS))
+
+
+def relay_task(lock: AdvisoryLock, *, clock: Clock, batch_size: int) -> RelayTask:
+    """``retry_worker``'s relay: the configured publisher, its key locks on the worker's ``lock`` session,
+    batches at least as large as the worker's ticks (``batch_size``: a tick writes about one event a
+    record), so that it keeps up with one batch a tick during a drain."""
+    relay = Relay(configured_publisher(), clock=clock, locks=KeyLocks(lock.using, session=lock))
+    relay.batch_size = max(relay.batch_size, batch_size)
+    return RelayTask(relay)
+
+
+class RelayTask:
+    """The relay as a task of ``retry_worker``'s loop (``engine.loop_tasks``): no process of its own.
+
+    The database's steps of a batch (claim, key locks, marking) run on the worker's thread between its
+    ticks, the key locks on the cycle lock's session: relaying adds no connection to the worker. The
+    publisher's calls run on a thread of their own, so a slow or unreachable publisher never holds the
+    sends up: the next turn marks what it accepted and takes the next batch. An event therefore waits
+    about ``interval`` (less while events keep coming) plus, during a drain, the tick in progress.
+    While the publisher is down, batches back off (doubling from ``interval`` up to ``max_backoff``).
+    """
+
+    name = "relay"
+    first_in = 0.0
+    budget_seconds = TURN_SECONDS
+    share = SHARE
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.retry_seconds = relay.interval
+        self.retry_cap_seconds = relay.max_backoff
+        self._down_in_a_row = 0
+        self._pending: _Publishing | None = None
+
+    def run(self, budget: float) -> float:
+        """Mark the batch in flight once published, then take the next; seconds until the next turn.
+        Raises the database's errors and a publisher's unexpected ones (the loop backs off)."""
+        if self._pending is not None:
+            if not self._pending.done.wait(0):
+                return PUBLISH_POLL_SECONDS
+            report = self._settle()
+            if report.endpoint_down:
+                self._down_in_a_row += 1
+                return exponential_delay(self._down_in_a_row, self.relay.interval, self.relay.max_backoff)
+            self._down_in_a_row = 0
+            if report.failed or report.published == 0 or report.claimed < self.relay.batch_size:
+                return self.relay.interval  # drained, or a key waits for its failed event
+        return self._take()
+
+    def _take(self) -> float:
+        report = RelayReport()
+        try:
+            rows = self.relay.take(report)
+        except BaseException:
+            self._release_after_error()
+            raise
+        if not rows:
+            self.relay.settle([], report)
+            return self.relay.interval
+        self._pending = _Publishing(self.relay, rows, report)
+        return PUBLISH_POLL_SECONDS
+
+    def _settle(self) -> RelayReport:
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        try:
+            self.relay.settle(pending.published, pending.report)
+        except BaseException:
+            self._release_after_error()
+            raise
+        report = pending.report
+        if report.published or report.failed or report.endpoint_down:
+            log.info("relay-batch", **dataclasses.asdict(report))
+        if pending.error is not None:
+            raise pending.error
+        return report
+
+    def _release_after_error(self) -> None:
+        drop_broken_connection()
+        with contextlib.suppress(psycopg.Error):
+            self.relay.locks.release()
+
+    def stop(self) -> None:
+        """The worker stops: the publisher's thread ends after the event in hand."""
+        self.relay.stop()
+
+    def close(self) -> None:
+        """Mark what the batch in flight published, release the key locks and close the publisher.
+
+        The batch gets :data:`FINISH_WAIT_SECONDS` to finish (after ``--once``'s tick), or, once the worker
+        was asked to stop (it then ends after the event in hand), :data:`STOP_WAIT_SECONDS`. A batch still
+        publishing after that is left unmarked: its events are published again later (at least once)."""
+        wait = STOP_WAIT_SECONDS if self.relay.stopping else FINISH_WAIT_SECONDS
+        try:
+            if self._pending is not None and self._pending.done.wait(wait):
+                with contextlib.suppress(Exception):
+                    self._settle()
+            self._pending = None
+        finally:
+            self.relay.stop()
+            self.relay.close()
+
+
+class _Publishing:
+    """One batch's publishing, on a daemon thread (it must not keep a stopping process alive)."""
+
+    def __init__(self, relay: Relay, rows: Sequence[Outbox], report: RelayReport) -> None:
+        self.report = report
+        self.published: list[int] = []
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(relay, rows), name="notifications-retry-relay", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, relay: Relay, rows: Sequence[Outbox]) -> None:
+        try:
+            relay.publish(rows, self.published, self.report)
+        except BaseException as exc:  # handed to the worker's thread, which logs and backs off
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 def run_relay(
@@ -314,13 +523,16 @@ def run_relay(
     options: dict[str, Any] | None = None,
     batch_size: int | None = None,
     interval: float | None = None,
+    heartbeat_file: str | None = None,
 ) -> list[RelayReport]:
     """What ``manage.py outbox_relay`` runs: build the publisher from settings and options, relay."""
     conf = get_settings()
     name = publisher or conf.OUTBOX_PUBLISHER
     merged = dict(conf.OUTBOX_PUBLISHER_OPTIONS) if name == conf.OUTBOX_PUBLISHER else {}
     merged.update(options or {})
-    relay = Relay(get_publisher(name, merged), batch_size=batch_size, interval=interval)
+    relay = Relay(
+        get_publisher(name, merged), batch_size=batch_size, interval=interval, heartbeat_file=heartbeat_file
+    )
     relay.install_signal_handlers()
     started = time.monotonic()
     reports = relay.run(once=once)

@@ -274,3 +274,24 @@ def test_machine_bound_bench_prints_each_drains_cpu_a_row_by_part(bench_database
     # rows/s, share, workers, receiver, PostgreSQL (not counted on --server url), machine, cores busy
     assert all(len(cells) == 8 and cells[5] == "—" for cells in drains.values()), out
     assert "leaves the machine at most" in out, out
+
+
+def test_prune_bench_prints_the_claim_alone_and_beside_the_prune_and_the_prune_s_rate(bench_database):
+    out = run_bench(
+        "bench.prune",
+        bench_database,
+        "--rows",
+        "3000",
+        "--due",
+        "300",
+        "--window",
+        "1",
+        "--unpublished",
+        "0",
+        "10",
+    )
+    claims = table_rows(out, ["alone ", "beside the prune "])
+    assert set(claims) == {"alone ", "beside the prune "}, out
+    prunes = table_rows(out, ["beside the claims ", "alone ", "a pass, nothing to delete "])
+    assert prunes["beside the claims "][1] == "3,000" and prunes["a pass, nothing to delete "][1] == "0", out
+    assert "10 unpublished among 3,000 published" in out, out

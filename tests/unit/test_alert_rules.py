@@ -27,7 +27,7 @@ def promtool(*args: str, cwd: Path = RULES_DIR) -> subprocess.CompletedProcess[s
 def test_promtool_check_rules_accepts_the_rules_file():
     result = promtool("check", "rules", "alerts.yml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -84,6 +84,19 @@ def test_a_terminal_spike_rule_without_its_guard_pages_for_old_counters_after_a_
     result = _promtool_test_with(tmp_path, "and on (instance) (up offset 15m == 1)", "")
     assert result.returncode != 0
     assert "no spike when Prometheus comes back" in result.stdout + result.stderr
+
+
+def test_the_stuck_relay_rule_bites_on_its_threshold_its_wait_and_its_max(tmp_path):
+    rule = "max(notifications_retry_outbox_oldest_unpublished_age_seconds) > 600"
+    for changed in (
+        rule.replace("> 600", "> 6000"),  # a threshold drifted: the stuck relay is missed
+        rule.replace("max(", "sum("),  # summed over workers: it would say twice the age
+    ):
+        result = _promtool_test_with(tmp_path, rule, changed)
+        assert result.returncode != 0
+        assert "a stuck relay warns" in result.stdout + result.stderr
+    without_wait = _promtool_test_with(tmp_path, rule + "\n        for: 5m", rule)
+    assert without_wait.returncode != 0  # a relay that catches up within minutes would warn
 
 
 def _rules() -> dict[str, str]:

@@ -11,8 +11,10 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
+from notifications_retry.observability import metrics
+from notifications_retry.observability.liveness import check_process_liveness
 from notifications_retry.outbox.publishers import BUILTIN_PUBLISHERS
-from notifications_retry.outbox.relay import run_relay
+from notifications_retry.outbox.relay import HEARTBEAT_NAME, run_relay
 
 
 class Command(BaseCommand):
@@ -50,9 +52,47 @@ class Command(BaseCommand):
         parser.add_argument(
             "--url", default=None, help="Endpoint of the http publisher (overrides OUTBOX_PUBLISHER_OPTIONS)."
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=option_types.port,
+            default=None,
+            help="Serve Prometheus metrics on this port (default: none; 0 picks a free port): the outbox "
+            'gauges, read every 10 s, and notifications_retry_task_failures_total{task="relay"}.',
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            type=option_types.ip_address,
+            default="127.0.0.1",
+            help="Address the metrics endpoint listens on (default 127.0.0.1).",
+        )
+        parser.add_argument(
+            "--heartbeat-file",
+            default=None,
+            metavar="PATH",
+            help="This process's own heartbeat: the relay writes PATH after every batch; with --check, "
+            "healthy only when PATH is recent (a pod's liveness probe).",
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Liveness probe, with --heartbeat-file: exit 0 when the relay writing it did so within "
+            f"HEARTBEAT_MAX_AGE_SECONDS ({conf.HEARTBEAT_MAX_AGE_SECONDS:g}), 1 otherwise. "
+            "Publishes nothing.",
+        )
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        if options.get("check"):
+            # A liveness probe runs every few seconds: skip the system checks, they cost more than the probe.
+            options["skip_checks"] = True
+        return super().execute(*args, **options)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["check"]:
+            self._check(options)
+            return
         extra = {"url": options["url"]} if options["url"] else {}
+        if options["metrics_port"] is not None:
+            self._serve_metrics(options["metrics_addr"], options["metrics_port"])
         bound_connections(DEFAULT_DB_ALIAS)  # a partition must not hold the relay's connection for long
         try:
             reports = run_relay(
@@ -61,6 +101,7 @@ class Command(BaseCommand):
                 options=extra,
                 batch_size=options["batch_size"],
                 interval=options["interval"],
+                heartbeat_file=options["heartbeat_file"],
             )
         except LockNotDirect as exc:  # a configuration to fix, as the worker says it: one line, exit 2
             raise CommandError(f"LockNotDirect: {exc}", returncode=2) from exc
@@ -71,3 +112,24 @@ class Command(BaseCommand):
         self.stdout.write(f"published {published} event(s)" + (", some left unpublished" if left else ""))
         if left:
             raise CommandError("publishing failed; the events stay in the outbox", returncode=1)
+
+    def _serve_metrics(self, addr: str, port: int) -> None:
+        try:
+            bound = metrics.start_exporter(port, addr)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}", returncode=2
+            ) from exc
+        self.stdout.write(f"serving metrics on {addr}:{bound}")
+
+    def _check(self, options: dict[str, Any]) -> None:
+        if not options["heartbeat_file"]:
+            raise CommandError(
+                "--check reads the relay's heartbeat: give --heartbeat-file PATH", returncode=2
+            )
+        if options["once"]:
+            raise CommandError("--check publishes nothing; it cannot be combined with --once", returncode=2)
+        verdict = check_process_liveness(options["heartbeat_file"], lane=HEARTBEAT_NAME)
+        if not verdict.healthy:
+            raise CommandError(verdict.describe(), returncode=1)
+        self.stdout.write(verdict.describe())

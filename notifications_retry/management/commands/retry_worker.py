@@ -18,6 +18,7 @@ from django.db import DEFAULT_DB_ALIAS
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
+from notifications_retry.engine.loop_tasks import OutboxGauges
 from notifications_retry.engine.worker import Worker
 from notifications_retry.heap import prepare_for_long_run
 from notifications_retry.locks import LockNotDirect
@@ -96,6 +97,19 @@ class Command(BaseCommand):
             "--lane", default=None, help="Run one lane of NOTIFICATIONS_RETRY['LANES'] with its own lock."
         )
         parser.add_argument(
+            "--no-relay",
+            action="store_true",
+            help="Do not publish the outbox from this worker: a separate `manage.py outbox_relay` does "
+            "(default: the worker publishes it between ticks, with OUTBOX_PUBLISHER).",
+        )
+        parser.add_argument(
+            "--no-housekeeping",
+            action="store_true",
+            help="Do not run housekeeping from this worker: a scheduled `manage.py "
+            "notifications_housekeeping` does (default: one elected worker runs it every hour; never "
+            "with --once).",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=option_types.port,
             default=None,
@@ -160,6 +174,7 @@ class Command(BaseCommand):
                 max_in_flight=options["max_in_flight"],
                 heartbeat_file=options["heartbeat_file"],
             )
+            self._add_tasks(worker, options)
             worker.install_signal_handlers()
             # The collector set for a long run: what is loaded by now frozen, a young generation that
             # holds the calls in flight (notifications_retry.heap).
@@ -173,6 +188,20 @@ class Command(BaseCommand):
         if options["once"] and ticks and ticks[-1].error:
             status = failures.EXIT_STATUS.get(ticks[-1].error_kind, 3)
             raise CommandError(ticks[-1].error, returncode=status)
+
+    def _add_tasks(self, worker: Worker, options: dict[str, Any]) -> None:
+        """What the worker's loop runs besides its ticks (engine.loop_tasks)."""
+        worker.tasks.add(OutboxGauges(worker.clock))
+        # Imported when used: a worker started without them loads no publisher and no housekeeping.
+        if not options["no_relay"]:
+            from notifications_retry.outbox.relay import relay_task
+
+            worker.tasks.add(relay_task(worker.lock, clock=worker.clock, batch_size=worker.batch_size))
+        if not options["no_housekeeping"] and not options["once"]:
+            from notifications_retry.housekeeping import HousekeepingTask
+
+            worker.tasks.add(HousekeepingTask(worker.lock, clock=worker.clock, monotonic=worker.monotonic))
+        log.info("worker-tasks", lane=worker.lane, tasks=worker.tasks.names)
 
     def _warn_about_overlap(self, options: dict[str, Any]) -> None:
         """Ticks never overlap: a tick allowed to outlast the interval delays the next one."""

@@ -1,0 +1,161 @@
+"""The worker's loop tasks (engine.loop_tasks): timers, the share of the loop, failures that never stop it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from structlog.testing import capture_logs
+
+from notifications_retry.engine.loop_tasks import LoopTasks, TasksWhileWaiting
+from notifications_retry.locks import LockNotDirect
+from notifications_retry.observability import metrics
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Task:
+    """A task whose turns take ``takes`` seconds of the fake clock and return ``delay``, or raise."""
+
+    first_in = 0.0
+    budget_seconds = 0.5
+    share = 0.5
+    retry_seconds = 1.0
+    retry_cap_seconds = 8.0
+
+    def __init__(self, name: str, time: FakeTime, *, delay: float = 10.0, takes: float = 0.0) -> None:
+        self.name = name
+        self.time = time
+        self.delay = delay
+        self.takes = takes
+        self.raises: BaseException | None = None
+        self.turns: list[float] = []
+        self.closed = False
+
+    def run(self, budget: float) -> float:
+        self.turns.append(self.time.now)
+        self.time.now += self.takes
+        if self.raises is not None:
+            raise self.raises
+        return self.delay
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_task_runs_when_due_then_after_the_delay_it_returns():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    task = Task("t", time, delay=10.0)
+    task.first_in = 5.0
+    tasks.add(task)
+    tasks.run_due()
+    assert task.turns == []  # not due before first_in
+    time.now = 105.0
+    tasks.run_due()
+    assert task.turns == [105.0] and tasks.next_at() == 115.0
+    time.now = 114.9
+    tasks.run_due()
+    assert task.turns == [105.0]
+
+
+def test_a_task_with_more_to_do_takes_at_most_its_share_of_the_loop():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    task = Task("busy", time, delay=0.0, takes=0.3)
+    task.share = 0.25
+    tasks.add(task)
+    tasks.run_due()
+    # 0.3 s of work at a quarter of the loop: the next turn 0.9 s later, not at once.
+    assert tasks.next_at() == pytest.approx(100.3 + 0.9)
+
+
+def test_a_failing_task_is_logged_counted_and_backed_off_and_the_others_still_run():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    failing, other = Task("failing-task", time), Task("other-task", time, delay=1000.0)
+    failing.raises = RuntimeError("the publisher is gone")
+    tasks.add(failing)
+    tasks.add(other)
+    before = metrics.TASK_FAILURES.labels("failing-task")._value.get()
+    delays = []
+    with capture_logs() as logs:
+        for _ in range(5):
+            time.now = tasks.next_at()
+            due_at = time.now
+            tasks.run_due()
+            delays.append(min(e.due for e in tasks._entries if e.task is failing) - due_at)
+    assert delays[:4] == [1.0, 2.0, 4.0, 8.0] and delays[4] == 8.0  # doubling, capped
+    assert metrics.TASK_FAILURES.labels("failing-task")._value.get() - before == 5
+    failed = [e for e in logs if e["event"] == "worker-task-failed"]
+    assert failed[0]["task"] == "failing-task" and "the publisher is gone" in failed[0]["error"]
+    assert other.turns  # a failing task holds no other up
+    failing.raises = None
+    time.now = tasks.next_at() + 100
+    tasks.run_due()
+    assert [e.failures for e in tasks._entries] == [0, 0]  # a turn that succeeds resets the backoff
+
+
+def test_a_lock_that_is_not_direct_stops_the_worker_as_at_a_tick():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    task = Task("relay", time)
+    task.raises = LockNotDirect("default", "a pooler")
+    tasks.add(task)
+    with pytest.raises(LockNotDirect):
+        tasks.run_due()
+
+
+def test_no_task_runs_once_the_worker_stops_and_close_closes_each():
+    time = FakeTime()
+    stopped = [True]
+    tasks = LoopTasks(monotonic=time, stopping=lambda: stopped[0])
+    task = Task("t", time)
+    tasks.add(task)
+    tasks.run_due()
+    assert task.turns == []
+    tasks.close()
+    assert task.closed and tasks.next_at() == float("inf")
+
+
+class Port:
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def earliest_due(self, after: datetime | None) -> datetime | None:
+        return None
+
+    def notified(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        return False
+
+
+def test_the_wait_is_cut_at_the_next_turn_and_the_due_task_runs_in_it():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    task = Task("relay", time, delay=1.0)
+    task.first_in = 0.05
+    tasks.add(task)
+    port = Port()
+    waiting = TasksWhileWaiting(port, tasks)
+    assert waiting.notified(0.2) is False
+    assert port.waits == [pytest.approx(0.05)]  # not past the task's turn
+    time.now += 0.05
+    assert waiting.notified(0.2) is False  # the task's turn, instead of a wait
+    assert task.turns == [100.05] and port.waits == [pytest.approx(0.05)]
+    waiting.notified(0.2)
+    assert port.waits[-1] == pytest.approx(0.2)
+
+
+def test_without_tasks_the_wait_is_the_port_s_own():
+    time = FakeTime()
+    port = Port()
+    waiting = LoopTasks(monotonic=time, stopping=lambda: False).around(port)
+    waiting.notified(1.5)
+    assert port.waits == [1.5]
