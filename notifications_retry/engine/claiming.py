@@ -210,12 +210,25 @@ class Claims:
             # (its rows come back as they were), and its connection is free for the next tick.
             left, self.under_way = self.under_way, []
             for claim in left:
+                self._queue_leased(claim)
                 claim.task.cancel()
             if left:
                 tasks = [claim.task for claim in left]
                 left[0].connection.loop.run(asyncio.gather(*tasks, return_exceptions=True))
             if self.beside_connection is not None:
                 self.beside_connection.close()
+
+    def _queue_leased(self, claim: RunningClaim) -> None:
+        """A claim that ended but was never taken in (the tick failed first): the rows it leased go on
+        their channels' queues, where the tick's end finds them unsent (they go back with their attempt)."""
+        task = claim.task
+        if not task.done() or task.cancelled() or task.exception() is not None:
+            return
+        batch = task.result().batch
+        for record in batch.records if batch is not None else []:
+            rt = self.runtimes.get(record.channel_id)
+            if rt is not None:
+                rt.queue.append(record)
 
     def _start_pair(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> bool:
         """Start a claim on each open connection not claiming already; whether any claim is under way.

@@ -229,20 +229,32 @@ class Dispatcher:
                 if not claiming and completer.unavailable and self.cap.waiting_for_commit:
                     # The database refuses commits and every place under the cap waits for one: the
                     # queue cannot start before the outage ends. It goes back (a release the outage
-                    # refuses ends the tick as a failed claim does; the leases bring the rows back).
+                    # refuses ends the tick as a failed claim does; the records are kept, and given
+                    # back with their attempt once the database answers: engine.give_back).
                     self._release_queued(runtimes, bound, "the worker's cap waits for commits")
                     continue
                 # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).
                 completer.wait(min(next_wait(runtimes, self.monotonic()), completer.wait_hint()), self.sleep)
 
     def finish_calls(self, bound: Any, timeout: float) -> None:
-        """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes."""
+        """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes.
+
+        Records still queued start no call: the tick ended on a database error (or its calls outlived
+        every bound). They are kept to be given back with their attempt (``GiveBack.release_kept``),
+        those a call in flight puts back in line as it ends too."""
+        self._keep_unsent()
         if self.abandoned:
             timeout = 0.0
         until = self.monotonic() + timeout
         while self.running and self.monotonic() < until:
             self.collect(min(0.05, max(0.0, until - self.monotonic())), 0.0, bound)
         self.collect(0.0, 0.0, bound)
+        self._keep_unsent()
+
+    def _keep_unsent(self) -> None:
+        runtimes = self.claims.runtimes.values()
+        unsent = [record for rt in runtimes for record in [*take_queue(rt), *rt.take_lapsed()]]
+        self.give_back.keep(unsent, "the tick ended before they were sent")
 
     # -- claiming ------------------------------------------------------------------------------
 

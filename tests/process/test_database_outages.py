@@ -1,6 +1,9 @@
 """Scenario 4: the database restarted under a running worker, and its connections terminated.
 
-The restart happens on a private throwaway cluster: the shared server serves other test runs.
+The restart happens on a private throwaway cluster: the shared server serves other test runs. Each call
+takes 0.1 s, so a round of claimed records waits in its channel's queue whenever the fault comes: none
+of them may come back with an attempt spent and no call made (docs/guarantees.md, "Only a provider call
+spends an attempt"). ``pytest -s`` prints that count for each scenario.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ pytestmark = [pytest.mark.process]
 LOOP = ["--interval", "0.1", "--batch-size", "40", "--max-duration", "30"]
 SETTINGS = {"LEASE_GRACE_SECONDS": 0.3, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
 RESUME_BOUND = 10.0
+#: How long the receiver takes to answer: long enough for records to queue behind the calls in flight.
+CALL_SECONDS = 0.1
+#: The attempts every seeded row starts with (seed_due, INSERT_DUE): none was a call to this receiver.
+SEEDED_ATTEMPTS = 1
 #: What the worker logs when the database goes away (the tick's handler, the lock, the finalize fallback).
 LOGGED_OUTAGE = (
     "retry-cycle-database-error",
@@ -41,9 +48,18 @@ LOGGED_OUTAGE = (
 
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
-    server = ScriptedServer(lambda r: Reply(200, {"id": "m"}, delay=0.02)).start()
+    server = ScriptedServer(lambda r: Reply(200, {"id": "m"}, delay=CALL_SECONDS)).start()
     yield server
     server.stop()
+
+
+def attempts_without_call(rows: list[tuple[object, int]], server: ScriptedServer, faults: str) -> int:
+    """Rows whose attempts counted exceed the calls the receiver got for them (its Idempotency-Key is
+    the row's id), printed with ``faults``, what happened to the database."""
+    calls = {key: len(requests) for key, requests in requests_by_key(server.requests).items()}
+    spent = sum(1 for nid, attempts in rows if attempts - SEEDED_ATTEMPTS > calls.get(str(nid), 0))
+    print(f"\nrows with an attempt spent and no call after {faults}: {spent} of {len(rows)}")
+    return spent
 
 
 @pytest.fixture
@@ -110,6 +126,7 @@ def test_five_postgres_restarts_mid_loop_cost_no_duplicate_send(cluster, server,
         idle_in_tx = db.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
         ).fetchone()[0]
+        rows = db.execute("SELECT id, attempts FROM notifications_retry_notificationentity").fetchall()
     assert events == (400, 400)
     assert idle_in_tx == 0
     output = worker.output()
@@ -120,6 +137,8 @@ def test_five_postgres_restarts_mid_loop_cost_no_duplicate_send(cluster, server,
     # Outcomes in hand when the database went away were kept and committed once it was back.
     duplicates = len(server.requests) - 400
     assert duplicates == 0, (duplicates, resumed)
+    # Records claimed but not called when it went away were given back with their attempt.
+    assert attempts_without_call(rows, server, "5 PostgreSQL restarts") == 0, output[-3000:]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -155,3 +174,6 @@ def test_five_terminated_connections_mid_tick_cost_no_duplicate_send(server, sta
     by_key = requests_by_key(server.requests)
     assert len(by_key) == 400
     assert len(server.requests) - 400 == 0, "no duplicate send: outcomes in hand were committed later"
+    rows = list(NotificationEntity.objects.values_list("id", "attempts"))
+    spent = attempts_without_call(rows, server, "5 backend terminations")
+    assert spent == 0, worker.output()[-3000:]
