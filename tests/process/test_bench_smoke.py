@@ -180,6 +180,13 @@ def test_call_timeline_splits_a_calls_time_and_the_loops(bench_database: str) ->
     assert 0 < on_core <= 100 and 0 <= waiting <= 100, out
 
 
+def test_wakeup_cut_bench_reports_the_lateness_of_both_scenarios(bench_database: str) -> None:
+    out = run_bench("bench.wakeup_cut", bench_database, "--trials", "1", "--settle", "0.5")
+    lines = table_rows(out, ["cut  ", "cut, beside year-12000 rows"])
+    assert [len(cells) for cells in lines.values()] == [5, 5], out
+    assert "Targets missed:" in out, out
+
+
 def test_bulk_insert_bench_compares_the_wakeup_triggers(bench_database: str) -> None:
     out = run_bench("bench.bulk_insert", bench_database, "--rows", "300")
     variants = ["per statement (shipped)", "per row (migration 0015, before 0017)", "no wake-up trigger"]
