@@ -85,11 +85,13 @@ def classify(exc: BaseException, alias: str = "default") -> TickFailure | None:
 
 
 class Backoff:
-    """The time from one tick's start to the next: the interval, longer after failed ticks.
+    """The time from one tick's start to the next: the interval, or after failed ticks a backoff.
 
-    Consecutive failures double the pause from ``BACKOFF_FIRST_SECONDS`` up to ``BACKOFF_CAP_SECONDS``
-    (never shorter than the interval), so a loop whose database is down logs a line every few seconds
-    at most, and is back within the cap once the database is.
+    Consecutive failures double the pause from ``BACKOFF_FIRST_SECONDS`` up to ``BACKOFF_CAP_SECONDS``,
+    so a loop whose database is down logs a line every few seconds at most, and is back within the cap
+    once the database is. The backoff is not stretched to the interval: the interval is only the
+    longest time between two ticks, and a tick cut by a dropped connection (a failover, a pooler's idle
+    cut) is followed by the next one a second later, not a whole interval later.
     """
 
     def __init__(self, interval: float) -> None:
@@ -102,8 +104,7 @@ class Backoff:
             self.failures = 0
             return self.interval
         self.failures += 1
-        backoff = exponential_delay(self.failures, BACKOFF_FIRST_SECONDS, BACKOFF_CAP_SECONDS)
-        return max(self.interval, backoff)
+        return exponential_delay(self.failures, BACKOFF_FIRST_SECONDS, BACKOFF_CAP_SECONDS)
 
 
 __all__ = [

@@ -71,6 +71,8 @@ def test_backoff_doubles_from_one_second_up_to_the_cap_and_resets_after_a_good_t
     assert backoff.pause(failed=True) == 1
 
 
-def test_backoff_is_never_shorter_than_the_interval():
-    backoff = failures.Backoff(interval=60)
-    assert [backoff.pause(failed=True) for _ in range(3)] == [60, 60, 60]
+def test_a_failed_tick_is_followed_by_the_backoff_not_the_interval() -> None:
+    """A tick cut by a dropped connection on the default interval (60 s) is retried a second later."""
+    backoff = failures.Backoff(interval=60.0)
+    assert [backoff.pause(failed=True) for _ in range(3)] == [1, 2, 4]
+    assert backoff.pause(failed=False) == 60.0
