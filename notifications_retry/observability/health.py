@@ -1,13 +1,24 @@
-"""Queue health: the seed's "counts and max age by status" query, and the backlog figures."""
+"""Queue health: counts and the oldest age by status, and the backlog figures."""
 
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
+from datetime import UTC, datetime
 
-from django.db.models import Count, Min
+from django.db.models import Count, DateTimeField, Min, Value
+from django.db.models.functions import Greatest
 
 from notifications_retry.models import NotificationEntity, Outbox
+
+#: The earliest time read back: PostgreSQL stores times Python cannot hold (``-infinity``, a year before
+#: 1, written by raw SQL), and reading one would fail every tick's statistics and so the heartbeat.
+EARLIEST_READABLE = datetime(1, 1, 2, tzinfo=UTC)
+
+
+def _oldest(field: str) -> Greatest:
+    """``Min(field)``, read no earlier than :data:`EARLIEST_READABLE` (a bound, not NULL, over no rows:
+    the callers look at the count first)."""
+    return Greatest(Min(field), Value(EARLIEST_READABLE, output_field=DateTimeField()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +45,7 @@ def status_breakdown(now: datetime) -> list[StatusRow]:
     """Counts and oldest age by status and channel (a full scan: for dashboards, not for ticks)."""
     rows = (
         NotificationEntity.objects.values("status", "channel__key")
-        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .annotate(count=Count("pk"), oldest=_oldest("created_at"))
         .order_by("status", "channel__key")
     )
     return [
@@ -51,11 +62,11 @@ def status_breakdown(now: datetime) -> list[StatusRow]:
 def backlog(now: datetime) -> Backlog:
     """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row. A lapsed
     lease no claim gave back yet (its worker died) counts as due since its expiry."""
-    due = NotificationEntity.objects.due(now).aggregate(count=Count("pk"), oldest=Min("due_at"))
+    due = NotificationEntity.objects.due(now).aggregate(count=Count("pk"), oldest=_oldest("due_at"))
     lapsed = NotificationEntity.objects.lapsed(now).aggregate(
-        count=Count("pk"), oldest=Min("claim_expires_at")
+        count=Count("pk"), oldest=_oldest("claim_expires_at")
     )
-    oldest = min((t for t in (due["oldest"], lapsed["oldest"]) if t is not None), default=None)
+    oldest = min((g["oldest"] for g in (due, lapsed) if g["count"]), default=None)
     return Backlog(
         due=due["count"] + lapsed["count"],
         failed_backlog=NotificationEntity.objects.failed_backlog().count(),
