@@ -39,6 +39,7 @@ from . import arguments, bounds, direct_send
 from .conf import get_settings
 from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
 from .outcomes import CANCELLED
+from .providers import payload_problems
 from .validation import InvalidArgumentType, InvalidNotification, check_text, validate_notification
 
 __all__ = [
@@ -78,10 +79,41 @@ def _channel(channel: ChannelConfig | str) -> ChannelConfig:
     if isinstance(channel, ChannelConfig):
         return channel
     check_text("channel", channel, max_length=ChannelConfig._meta.get_field("key").max_length or 0)
-    try:
-        return ChannelConfig.objects.get(key=channel)
-    except ChannelConfig.DoesNotExist:
-        raise ChannelConfig.DoesNotExist(f"no channel with key {channel!r}") from None
+    found = ChannelConfig.objects.filter(key=channel).first()
+    if found is None:
+        known = list(ChannelConfig.objects.order_by("key").values_list("key", flat=True)[: _KNOWN_SHOWN + 1])
+        listed = ", ".join(known[:_KNOWN_SHOWN]) + (", …" if len(known) > _KNOWN_SHOWN else "")
+        raise InvalidNotification("channel", f"no channel with key {channel!r} (known: {listed or 'none'})")
+    # A disabled channel is accepted: its rows wait untouched until it is enabled again.
+    return found
+
+
+#: How many channel keys an unknown channel's error lists.
+_KNOWN_SHOWN = 10
+
+
+def _sendable(
+    channel: ChannelConfig,
+    payload: dict[str, Any],
+    scheduled_at: datetime | None,
+    expires_at: datetime | None,
+) -> None:
+    """Refuse what could only expire unsent or become a dead letter: the API checks it, not the worker."""
+    if expires_at is not None:
+        due = scheduled_at or _aware(None)
+        if expires_at <= due:
+            raise InvalidNotification(
+                "expires_at",
+                f"{expires_at.isoformat()} is at or before the time the notification is due "
+                f"({'send_at' if scheduled_at is not None else 'now'}, {due.isoformat()}): "
+                "it would expire unsent",
+            )
+    problems = payload_problems(channel.provider_key, payload)
+    if problems:
+        raise InvalidNotification(
+            "payload",
+            f"cannot be sent on channel {channel.key!r} ({channel.provider_key}): {'; '.join(problems)}",
+        )
 
 
 def create_notification(
@@ -100,8 +132,12 @@ def create_notification(
 ) -> NotificationEntity:
     """Store a Pending notification in the caller's transaction; fresh ones are announced on commit.
 
-    Raises ``notifications_retry.validation.InvalidNotification`` (a ``ValueError`` naming the field)
-    for input the database would refuse or beyond ``MAX_PAYLOAD_BYTES`` / ``MAX_PAYLOAD_DEPTH``.
+    Raises ``notifications_retry.validation.InvalidNotification`` (a ``ValueError`` naming the field),
+    with nothing written, for input the database would refuse or beyond ``MAX_PAYLOAD_BYTES`` /
+    ``MAX_PAYLOAD_DEPTH``, and for what could never be sent: an unknown channel (``channel``; a
+    disabled one is accepted, its rows wait), a payload the channel's provider cannot send
+    (``payload``, naming the key: an email without ``subject``), an ``expires_at`` at or before the
+    time the notification is due (``expires_at``).
     """
     conf = get_settings()
     channel = _channel(channel)
@@ -120,6 +156,7 @@ def create_notification(
     tenant_id = arguments.optional_uuid("tenant_id", tenant_id)
     notification_id = arguments.optional_uuid("notification_id", notification_id)
     on_commit = arguments.optional_callable("on_commit", on_commit)
+    _sendable(channel, payload, scheduled_at, expires_at)
     notification = create_pending(
         id=notification_id or uuid.uuid4(),
         channel=channel,

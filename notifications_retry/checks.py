@@ -236,17 +236,22 @@ def _channels_table_exists(alias: str) -> bool:
         return ChannelConfig._meta.db_table in connections[alias].introspection.table_names(cursor)
 
 
-@register(Tags.database)
+# Not tagged ``database``: from Django 6.1 plain ``check`` runs no database-tagged check, and this one
+# must name refused channels there too. It honours ``check --database`` all the same (below).
+@register()
 def check_channels(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """W002: channels whose configuration cannot send, or whose webhook URL the policy refuses.
 
-    Runs on plain ``check`` too (``databases`` None): it reads the ``default`` database when it can
-    and says so (W006) when it cannot; silent until the tables exist (``migrate`` checks first).
+    Runs on plain ``check`` too (``databases`` None before Django 6.1, every alias from 6.1): it
+    reads the ``default`` database when it can and says so (W006) when it cannot; silent until the
+    tables exist (``migrate`` checks first).
 
     E007: channels with a number outside its documented range.
     E008: channels whose fallback is itself, disabled, or part of a cycle.
+    W008: channels that can send as configured, but whose backend's settings outside the channel are
+    missing (a django_email channel on an anymail ESP without its credentials).
     """
     from .models import ChannelConfig
 
@@ -287,6 +292,7 @@ def _guarded_channel_messages(channel: Any) -> list[CheckMessage]:
 
 
 def _channel_messages(channel: Any) -> list[CheckMessage]:
+    from .providers import channel_warnings
     from .url_policy import resolution_problems
 
     messages: list[CheckMessage] = []
@@ -329,6 +335,18 @@ def _channel_messages(channel: Any) -> list[CheckMessage]:
                 id="notifications_retry.W002",
             ),
         ]
+    for warning in channel_warnings(channel.provider_key, channel.options):
+        messages.append(
+            Warning(
+                f"channel {channel.key!r} will fail every send: {warning}",
+                hint="Set what the message names: the ESP's credentials in settings.ANYMAIL, or in the "
+                "backend's own options (the channel's 'backend_options' before Django 6.1, its MAILERS "
+                "entry's OPTIONS from 6.1). Until then each notification is attempted and ends a dead "
+                "letter of error kind backend_config.",
+                obj=channel,
+                id="notifications_retry.W008",
+            )
+        )
     options = channel.options if isinstance(channel.options, Mapping) else {}
     if channel.provider_key != "webhook" or "url" not in options:
         return messages

@@ -6,6 +6,7 @@ import json
 import os
 
 import dj_database_url
+import django
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -65,6 +66,10 @@ NOTIFICATIONS_RETRY: dict[str, object] = {}
 # Worker subprocesses started by the process tests get their settings as JSON (small leases, test providers).
 if os.environ.get("NR_TEST_SETTINGS_JSON"):
     NOTIFICATIONS_RETRY = json.loads(os.environ["NR_TEST_SETTINGS_JSON"])
+# Django 6.1 deprecates EMAIL_BACKEND for MAILERS: a project on 6.1 defines its mailers (the test
+# runner swaps each for the memory backend).
+if django.VERSION[:2] >= (6, 1):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing: tests only
 # The process test of a frozen worker: it stops itself inside its first finalize transaction.
 if os.environ.get("NR_TEST_FREEZE_IN_FINALIZE"):

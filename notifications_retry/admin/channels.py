@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 
 from notifications_retry.health_rules import DISABLED
 from notifications_retry.models import ChannelConfig
-from notifications_retry.providers import webhook_signing
+from notifications_retry.providers import channel_warnings, webhook_signing
 from notifications_retry.url_policy import resolved_beforehand, webhook_url_problems
 
 from . import display
@@ -252,7 +252,10 @@ class ChannelConfigAdmin(ChannelHealthAdmin):
 
     @admin.display(description="configuration")
     def health(self, obj: ChannelConfig) -> SafeString:
-        configuration = fragment("channel_health", problems=obj.configuration_problems())
+        problems = obj.configuration_problems()
+        # A channel without problems can still fail every send: an ESP's credentials missing (W008).
+        warnings = [] if problems else channel_warnings(obj.provider_key, obj.options)
+        configuration = fragment("channel_health", problems=problems, warnings=warnings)
         if obj.health_state == "ok":
             return configuration
         return format_html("{}<br>{}", configuration, self.endpoint_health(obj))
@@ -262,7 +265,12 @@ class ChannelConfigAdmin(ChannelHealthAdmin):
         if obj.pk is None:
             return "—"
         problems = obj.configuration_problems()
-        return "; ".join(problems) if problems else "none: the channel can send"
+        if problems:
+            return "; ".join(problems)
+        warnings = channel_warnings(obj.provider_key, obj.options)
+        if warnings:
+            return "every send will fail: " + "; ".join(warnings)
+        return "none: the channel can send"
 
     @admin.action(description="Enable selected channels", permissions=["change"])
     def enable_channels(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:

@@ -94,5 +94,5 @@ class OutboxAdmin(ReadOnlyMixin, OutboxAdminBase):
             raise PermissionDenied  # read only: no actions
         return super().changelist_view(request, extra_context)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}

@@ -40,7 +40,7 @@ class DeadLetterActionAdmin(ReadOnlyMixin, AuditAdminBase):
     readonly_fields = fields
     created_at_display = timestamp_display("created_at")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}
 
 
@@ -65,5 +65,5 @@ class WorkerHeartbeatAdmin(ReadOnlyMixin, HeartbeatAdminBase):
     last_tick_started_at_display = timestamp_display("last_tick_started_at")
     last_tick_completed_at_display = timestamp_display("last_tick_completed_at")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}

@@ -171,7 +171,7 @@ class RecoveryJobAdmin(RecoveryJobAdminBase):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}
 
     def may_run(self, request: HttpRequest) -> bool:

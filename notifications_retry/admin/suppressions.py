@@ -157,7 +157,7 @@ class SuppressionChangeAdmin(ReadOnlyMixin, ChangeAdminBase):
     readonly_fields = fields
     created_at_display = timestamp_display("created_at")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}
 
 
@@ -196,7 +196,7 @@ class DeliveryStatusAdmin(ReadOnlyMixin, StatusAdminBase):
     complained_at_display = timestamp_display("complained_at")
     updated_at_display = timestamp_display("updated_at")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}
 
     @admin.display(description="notification")

@@ -40,7 +40,9 @@ __all__ = [
     "Provider",
     "SendResult",
     "channel_problems",
+    "channel_warnings",
     "get_provider_class",
+    "payload_problems",
     "registry",
 ]
 
@@ -85,3 +87,31 @@ def channel_problems(provider_key: str, options: Mapping[str, Any] | Any) -> lis
         return list(provider.options_problems(options))
     except Exception as exc:
         return [f"{provider_key} options cannot be checked: {type(exc).__name__}: {exc}"]
+
+
+def channel_warnings(provider_key: str, options: Mapping[str, Any] | Any) -> list[str]:
+    """What may stop a valid channel from sending, found outside its options (an ESP's credentials).
+
+    Empty for a channel with problems (:func:`channel_problems` speaks for it). Guarded as that one:
+    whatever a provider's check raises is reported as the channel's warning, never raised.
+    """
+    if channel_problems(provider_key, options):
+        return []
+    provider = get_provider_class(provider_key)
+    try:
+        return list(provider.options_warnings(options))
+    except Exception as exc:
+        return [f"{provider_key} configuration cannot be checked: {type(exc).__name__}: {exc}"]
+
+
+def payload_problems(provider_key: str, payload: Mapping[str, Any]) -> list[str]:
+    """Why a channel with this provider cannot send ``payload``; empty when it can or cannot tell.
+
+    A channel whose provider is unknown is the channel's problem, not the payload's: its rows wait
+    until it is fixed, so its payloads are not judged.
+    """
+    try:
+        provider = get_provider_class(provider_key)
+    except ChannelConfigurationError:
+        return []
+    return list(provider.payload_problems(payload))

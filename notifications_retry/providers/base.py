@@ -70,6 +70,12 @@ class Provider:
     #: the timeout by a second.
     enforces_timeout: bool = False
 
+    #: What a notification's payload must hold for this provider to send it, as groups of keys: each
+    #: group is met by any one of its keys with a value (email: ``(("subject",), ("body", "html"))``).
+    #: The public API refuses a payload that misses one (``InvalidNotification``, field ``payload``)
+    #: instead of storing a row that could only become a dead letter. Empty: any JSON object.
+    required_payload_keys: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
     def __init__(self, channel: ChannelSettings) -> None:
         self.channel = channel
 
@@ -79,6 +85,28 @@ class Provider:
         if not isinstance(options, Mapping):
             return ["options must be a JSON object"]
         return []
+
+    @classmethod
+    def options_warnings(cls, options: Mapping[str, Any]) -> list[str]:
+        """What may stop valid ``options`` from sending, found outside them (an ESP's credentials).
+
+        Unlike :meth:`options_problems` it does not set the channel aside: ``check`` reports it (W008)
+        and the admin's channel list shows it. Called only for options without problems.
+        """
+        return []
+
+    @classmethod
+    def payload_problems(cls, payload: Mapping[str, Any]) -> list[str]:
+        """Why this provider cannot send ``payload`` (a JSON object), each naming the key; empty when it can.
+
+        The default checks :attr:`required_payload_keys`; a provider may check more of the payload
+        (types, unknown keys), never the recipient or the channel's options.
+        """
+        return [
+            f"{' or '.join(repr(key) for key in group)} is required"
+            for group in cls.required_payload_keys
+            if not any(payload.get(key) is not None for key in group)
+        ]
 
     def send(self, message: OutgoingMessage) -> SendResult:
         """Deliver one message, idempotently by ``message.notification_id``."""

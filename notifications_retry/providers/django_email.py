@@ -2,11 +2,19 @@
 
 Options (``ChannelConfig.options``):
 
-* ``backend``: dotted path of a Django email backend (default: the project's ``EMAIL_BACKEND``);
-* ``backend_options``: keyword arguments for that backend (``host``, ``port``, ``use_tls`` for SMTP;
-  ``api_key``, ``server_token``, ``api_url``… for anymail); ``timeout`` defaults to the channel's;
+* on Django 6.1 and later, ``mailer``: the alias of an entry of the ``MAILERS`` setting (default
+  ``"default"``), whose ``BACKEND`` and ``OPTIONS`` build the connection (``mail.mailers``);
+* before Django 6.1, ``backend``: dotted path of a Django email backend (default: the project's
+  ``EMAIL_BACKEND``), and ``backend_options``: keyword arguments for that backend (``host``, ``port``,
+  ``use_tls`` for SMTP; ``api_key``, ``server_token``, ``api_url``… for anymail);
 * ``from_email``: the sender when the payload names none (default ``DEFAULT_FROM_EMAIL``);
 * ``message_id_domain``: the right-hand side of the Message-ID (default the sender's domain).
+
+Each Django version is given the key it builds connections with, so neither emits a deprecation
+warning: Django 6.1 deprecates ``mail.get_connection()`` and ``EMAIL_BACKEND`` for ``MAILERS``, which
+earlier versions do not have. The other version's key is refused with the key to use. The backend's
+``timeout`` defaults to the channel's ``timeout_seconds`` (unless ``backend_options`` or the
+``MAILERS`` entry's ``OPTIONS`` set one).
 
 The payload's fields are :mod:`.email_message`'s; failures are classified by :mod:`.email_errors`.
 The backends block, so the worker runs :meth:`send` on its thread pool, at most the channel's
@@ -20,34 +28,40 @@ import smtplib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import django
 from django.conf import settings
-from django.core.mail import get_connection
+from django.core import mail
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..exceptions import PermanentProviderError, ProviderError
-from . import email_errors
+from . import email_errors, email_message
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
 from .email_evidence import failure_evidence, sent_evidence, smtp_peer
 from .email_message import InvalidEmailPayload, build_message
 
-OPTION_KEYS = frozenset({"backend", "backend_options", "from_email", "message_id_domain"})
+#: Django 6.1 builds email connections from the ``MAILERS`` setting (``mail.mailers``).
+USES_MAILERS = django.VERSION[:2] >= (6, 1)
+_COMMON_KEYS = frozenset({"from_email", "message_id_domain"})
+MAILERS_KEYS = frozenset({"mailer"})
+BACKEND_KEYS = frozenset({"backend", "backend_options"})
+#: The option keys this Django version takes.
+OPTION_KEYS = _COMMON_KEYS | (MAILERS_KEYS if USES_MAILERS else BACKEND_KEYS)
+DEFAULT_MAILER = "default"
 #: The metadata key of the notification id (``notifications_retry.tracking.METADATA_KEY``).
 TRACKING_METADATA_KEY = "notification_id"
+_DEFAULT_SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 
 
 class DjangoEmailProvider(Provider):
     """Sends one email per notification with ``django.core.mail``; see the module's options."""
 
     key: ClassVar[str] = "django_email"
+    required_payload_keys = email_message.REQUIRED_PAYLOAD_KEYS
 
     def __init__(self, channel: ChannelSettings) -> None:
         super().__init__(channel)
         options = channel.options
-        self.backend_path: str | None = options.get("backend")
-        self.backend_options: dict[str, Any] = dict(options.get("backend_options") or {})
-        # Passed to the backend: SMTP's socket timeout, anymail's requests timeout.
-        self.backend_options.setdefault("timeout", float(channel.timeout_seconds))
         self.from_email: str | None = options.get("from_email")
         self.message_id_domain: str | None = options.get("message_id_domain")
 
@@ -56,29 +70,46 @@ class DjangoEmailProvider(Provider):
         problems = super().options_problems(options)
         if problems:
             return problems
-        unknown = sorted(set(options) - OPTION_KEYS)
+        problems.extend(_version_key_problems(options))
+        unknown = sorted(set(options) - OPTION_KEYS - MAILERS_KEYS - BACKEND_KEYS)
         if unknown:
             known = ", ".join(sorted(OPTION_KEYS))
             problems.append(f"django_email options {', '.join(unknown)} are unknown; known: {known}")
-        backend = options.get("backend")
-        if backend is not None:
-            if not isinstance(backend, str) or not backend:
-                problems.append(f"django_email option 'backend' must be a dotted path, got {backend!r}")
-            else:
-                problems.extend(_backend_problems(backend))
-        backend_options = options.get("backend_options", {})
-        if not isinstance(backend_options, Mapping):
-            problems.append("django_email option 'backend_options' must be an object of keyword arguments")
-        elif "timeout" in backend_options and not _is_seconds(backend_options["timeout"]):
-            problems.append(
-                "django_email option 'backend_options.timeout' must be a number of seconds, "
-                f"got {backend_options['timeout']!r}"
-            )
+        if USES_MAILERS:
+            problems.extend(_mailer_problems(options.get("mailer", DEFAULT_MAILER), "mailer" in options))
+        else:
+            problems.extend(_backend_option_problems(options))
         for name in ("from_email", "message_id_domain"):
             value = options.get(name)
             if value is not None and (not isinstance(value, str) or not value or "\n" in value):
                 problems.append(f"django_email option {name!r} must be a one-line string, got {value!r}")
         return problems
+
+    @classmethod
+    def options_warnings(cls, options: Mapping[str, Any]) -> list[str]:
+        """An anymail ESP backend whose settings (its credentials) are missing: every send would fail.
+
+        The backend is built as a send builds it, with no connection opened: anymail reads its settings
+        (``get_anymail_setting``) when a backend is made, and raises ``AnymailConfigurationError``
+        naming the missing one. Other backends are not built here (one may connect or write files).
+        """
+        anymail_error = _anymail_configuration_error()
+        if anymail_error is None or not _is_anymail_backend(_backend_class_path(options)):
+            return []
+        try:
+            backend = _build_backend(options, timeout=None)
+        except anymail_error as exc:
+            return [f"{_backend_name(options)} is not configured: {' '.join(str(exc).split())}"]
+        except Exception:  # not a credential: options_problems and the send report it
+            return []
+        with contextlib.suppress(Exception):
+            backend.close()
+        return []
+
+    @classmethod
+    def payload_problems(cls, payload: Mapping[str, Any]) -> list[str]:
+        problem = email_message.payload_problem(payload)
+        return [problem] if problem else []
 
     def send(self, message: OutgoingMessage) -> SendResult:
         """Build the email, open a connection, send; every failure classified by ``email_errors``."""
@@ -125,15 +156,142 @@ class DjangoEmailProvider(Provider):
 
     def _backend(self) -> BaseEmailBackend:
         try:
-            return get_connection(self.backend_path, fail_silently=False, **self.backend_options)
+            return _build_backend(self.channel.options, timeout=float(self.channel.timeout_seconds))
         except ProviderError:
             raise
-        except Exception as exc:  # an unimportable path or options the backend refuses
+        except Exception as exc:  # an unimportable path, an unknown mailer, options the backend refuses
             raise PermanentProviderError(
-                f"email backend {self.backend_path or settings.EMAIL_BACKEND!r} cannot be built: {exc}",
+                f"{_backend_name(self.channel.options)} cannot be built: {exc}",
                 kind="backend_config",
                 ambiguous=False,
             ) from exc
+
+
+def _build_backend(options: Mapping[str, Any], *, timeout: float | None) -> BaseEmailBackend:
+    """The connection for a channel's options, as this Django version builds one (no deprecated call).
+
+    ``timeout`` is the channel's: the backend's unless its own options set one.
+    """
+    if USES_MAILERS:
+        alias = options.get("mailer") or DEFAULT_MAILER
+        backend: BaseEmailBackend = mail.mailers[alias]
+        entry = (_mailers_setting() or {}).get(alias)
+        own = (entry.get("OPTIONS") if isinstance(entry, Mapping) else None) or {}
+        # MAILERS builds the backend from its OPTIONS alone; the attribute is where SMTP and anymail
+        # keep the timeout their constructor takes, read when a connection or request is made.
+        if timeout is not None and "timeout" not in own and hasattr(backend, "timeout"):
+            backend.timeout = timeout
+        return backend
+    kwargs = dict(options.get("backend_options") or {})
+    if timeout is not None:
+        kwargs.setdefault("timeout", timeout)
+    return mail.get_connection(options.get("backend"), fail_silently=False, **kwargs)
+
+
+def _backend_name(options: Mapping[str, Any]) -> str:
+    if USES_MAILERS:
+        return f"email mailer {options.get('mailer') or DEFAULT_MAILER!r}"
+    return f"email backend {_backend_class_path(options)!r}"
+
+
+def _backend_class_path(options: Mapping[str, Any]) -> str | None:
+    """The dotted path of the backend class the options build; None when it cannot be known quietly."""
+    if not USES_MAILERS:
+        backend = options.get("backend")
+        return backend if isinstance(backend, str) else str(settings.EMAIL_BACKEND)
+    mailers = _mailers_setting()
+    if mailers is None:
+        return None  # the deprecated EMAIL_BACKEND: Django itself warns the project about it
+    entry = mailers.get(options.get("mailer") or DEFAULT_MAILER)
+    if not isinstance(entry, Mapping):
+        return None
+    return str(entry.get("BACKEND", _DEFAULT_SMTP_BACKEND))
+
+
+def _mailers_setting() -> Mapping[str, Any] | None:
+    """The MAILERS setting (Django 6.1+), None when the project does not define it."""
+    mailers = getattr(settings, "MAILERS", None)
+    return mailers if isinstance(mailers, Mapping) else None
+
+
+def _anymail_configuration_error() -> type[Exception] | None:
+    try:
+        from anymail.exceptions import AnymailConfigurationError
+    except ImportError:  # anymail is an optional extra
+        return None
+    error: type[Exception] = AnymailConfigurationError
+    return error
+
+
+def _is_anymail_backend(path: str | None) -> bool:
+    if path is None:
+        return False
+    try:
+        from anymail.backends.base import AnymailBaseBackend
+
+        backend = import_string(path)
+    except ImportError:
+        return False
+    return isinstance(backend, type) and issubclass(backend, AnymailBaseBackend)
+
+
+def _version_key_problems(options: Mapping[str, Any]) -> list[str]:
+    """The key of the other Django version, named with the one to use on this version."""
+    version = django.get_version()
+    if USES_MAILERS:
+        used = sorted(BACKEND_KEYS & set(options))
+        if used:
+            return [
+                f"django_email option{'s' if len(used) > 1 else ''} {' and '.join(map(repr, used))} "
+                f"{'are' if len(used) > 1 else 'is'} for Django before 6.1; on Django {version} name an "
+                "entry of the MAILERS setting in 'mailer' (its BACKEND and OPTIONS replace 'backend' "
+                "and 'backend_options')"
+            ]
+        return []
+    if "mailer" in options:
+        return [
+            "django_email option 'mailer' names an entry of the MAILERS setting, which needs Django 6.1 "
+            f"or later; on Django {version} use 'backend' (and 'backend_options')"
+        ]
+    return []
+
+
+def _mailer_problems(alias: object, named: bool) -> list[str]:
+    """What stops the MAILERS entry a channel names (``named``), or the default one, from sending."""
+    if not isinstance(alias, str) or not alias:
+        return [f"django_email option 'mailer' must be the alias of a MAILERS entry, got {alias!r}"]
+    which = f"option 'mailer' names {alias!r}" if named else f"a channel without 'mailer' uses {alias!r}"
+    mailers = _mailers_setting()
+    if mailers is None:
+        # Without MAILERS, Django 6.1 still builds "default" from the deprecated EMAIL_* settings.
+        return [] if alias == DEFAULT_MAILER else [f"django_email {which}, but MAILERS is not set"]
+    if alias not in mailers:
+        known = ", ".join(sorted(map(str, mailers)))
+        return [f"django_email {which}, which is not in MAILERS (known: {known or 'none'})"]
+    entry = mailers[alias]
+    backend = entry.get("BACKEND", _DEFAULT_SMTP_BACKEND) if isinstance(entry, Mapping) else None
+    if not isinstance(backend, str) or not backend:
+        return [f"MAILERS[{alias!r}]['BACKEND'] must be a dotted path, got {backend!r}"]
+    return _backend_problems(backend)
+
+
+def _backend_option_problems(options: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
+    backend = options.get("backend")
+    if backend is not None:
+        if not isinstance(backend, str) or not backend:
+            problems.append(f"django_email option 'backend' must be a dotted path, got {backend!r}")
+        else:
+            problems.extend(_backend_problems(backend))
+    backend_options = options.get("backend_options", {})
+    if not isinstance(backend_options, Mapping):
+        problems.append("django_email option 'backend_options' must be an object of keyword arguments")
+    elif "timeout" in backend_options and not _is_seconds(backend_options["timeout"]):
+        problems.append(
+            "django_email option 'backend_options.timeout' must be a number of seconds, "
+            f"got {backend_options['timeout']!r}"
+        )
+    return problems
 
 
 def _is_seconds(value: object) -> bool:

@@ -6,20 +6,24 @@ The payload of a notification sent by the ``django_email`` provider is a JSON ob
 key           type                      meaning
 ============  ========================  ====================================================
 subject       string, required          the Subject header (one line)
-body          string, required          the plain-text body
-html          string                    an HTML alternative of the body
+body          string                    the plain-text body
+html          string                    the HTML body: an alternative of ``body``, or the
+                                        only body when there is no ``body``
 from          string                    the sender; default the channel's ``from_email``
                                         option, then ``DEFAULT_FROM_EMAIL``
 reply_to      string or list of strings Reply-To addresses
 headers       object of string→string   extra headers (not Message-ID / X-Notification-Id)
 ============  ========================  ====================================================
 
-The recipient is the notification's ``recipient``. Anything else in the payload is refused, so a
-misspelt key fails loudly instead of sending a mail without its HTML part.
+``body`` or ``html`` is required. The recipient is the notification's ``recipient``. Anything else in
+the payload is refused, so a misspelt key fails loudly instead of sending a mail without its HTML part.
+:func:`payload_problem` applies these rules to a payload alone (the public API's check, before a row
+is stored); :func:`build_message` applies them again with the recipient and the sender's default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from email.headerregistry import Address
@@ -34,6 +38,8 @@ RESERVED_HEADERS = frozenset(
     {"message-id", NOTIFICATION_ID_HEADER.lower(), "to", "cc", "bcc", "from", "reply-to", "subject"}
 )
 PAYLOAD_KEYS = frozenset({"subject", "body", "html", "from", "reply_to", "headers"})
+#: The keys a payload must hold: each group by one of its keys (the provider's declaration).
+REQUIRED_PAYLOAD_KEYS: tuple[tuple[str, ...], ...] = (("subject",), ("body", "html"))
 
 
 class InvalidEmailPayload(ValueError):
@@ -90,6 +96,55 @@ def _headers(value: Any) -> dict[str, str]:
     return headers
 
 
+@dataclasses.dataclass(frozen=True)
+class _Fields:
+    """A payload's fields, checked: what every attempt of the notification sends."""
+
+    subject: str
+    body: str | None
+    html: str | None
+    sender: str | None
+    reply_to: list[str]
+    headers: dict[str, str]
+
+
+def _fields(payload: Any) -> _Fields:
+    if not isinstance(payload, Mapping):
+        raise InvalidEmailPayload(f"the payload must be a JSON object, got {_describe(payload)}")
+    unknown = sorted(str(k) for k in set(payload) - PAYLOAD_KEYS)
+    if unknown:
+        raise InvalidEmailPayload(
+            f"unknown payload key(s) {', '.join(unknown)}; known: {', '.join(sorted(PAYLOAD_KEYS))}"
+        )
+    for group in REQUIRED_PAYLOAD_KEYS:
+        if all(payload.get(key) is None for key in group):
+            raise InvalidEmailPayload(f"{' or '.join(repr(key) for key in group)} is required")
+    subject = _one_line("subject", payload.get("subject"), required=True)
+    assert subject is not None
+    body = payload.get("body")
+    if body is not None and not isinstance(body, str):
+        raise InvalidEmailPayload(f"'body' must be a string, got {_describe(body)}")
+    html = payload.get("html")
+    if html is not None and not isinstance(html, str):
+        raise InvalidEmailPayload(f"'html' must be a string, got {_describe(html)}")
+    sender = _address("from", payload["from"]) if payload.get("from") else None
+    reply_to_value = payload.get("reply_to")
+    reply_to_list = [reply_to_value] if isinstance(reply_to_value, str) else reply_to_value
+    if reply_to_list is not None and not isinstance(reply_to_list, list):
+        raise InvalidEmailPayload(f"'reply_to' must be a string or a list, got {_describe(reply_to_value)}")
+    reply_to = [_address("reply_to", item) for item in reply_to_list or []]
+    return _Fields(subject, body, html, sender, reply_to, _headers(payload.get("headers")))
+
+
+def payload_problem(payload: Any) -> str | None:
+    """Why ``payload`` cannot make an email whatever its recipient and sender default; None when it can."""
+    try:
+        _fields(payload)
+    except InvalidEmailPayload as exc:
+        return str(exc)
+    return None
+
+
 def build_message(
     notification_id: uuid.UUID,
     recipient: str,
@@ -99,36 +154,26 @@ def build_message(
     message_id_domain: str | None,
 ) -> EmailMultiAlternatives:
     """The email for one notification, identical at every attempt; InvalidEmailPayload when it cannot be."""
-    if not isinstance(payload, Mapping):
-        raise InvalidEmailPayload(f"the payload must be a JSON object, got {_describe(payload)}")
-    unknown = sorted(str(k) for k in set(payload) - PAYLOAD_KEYS)
-    if unknown:
-        raise InvalidEmailPayload(
-            f"unknown payload key(s) {', '.join(unknown)}; known: {', '.join(sorted(PAYLOAD_KEYS))}"
-        )
-    subject = _one_line("subject", payload.get("subject"), required=True)
-    body = payload.get("body")
-    if not isinstance(body, str):
-        raise InvalidEmailPayload(f"'body' must be a string, got {_describe(body)}")
-    html = payload.get("html")
-    if html is not None and not isinstance(html, str):
-        raise InvalidEmailPayload(f"'html' must be a string, got {_describe(html)}")
-    sender = _address("from", payload.get("from") or default_from)
-    reply_to_value = payload.get("reply_to")
-    reply_to_list = [reply_to_value] if isinstance(reply_to_value, str) else reply_to_value
-    if reply_to_list is not None and not isinstance(reply_to_list, list):
-        raise InvalidEmailPayload(f"'reply_to' must be a string or a list, got {_describe(reply_to_value)}")
-    reply_to = [_address("reply_to", item) for item in reply_to_list or []]
+    fields = _fields(payload)
+    sender = fields.sender or _address("from", default_from)
     to = _address("recipient", recipient)
     domain = message_id_domain or parseaddr(sender)[1].rpartition("@")[2]
     headers = {
-        **_headers(payload.get("headers")),
+        **fields.headers,
         "Message-ID": message_id(notification_id, domain),
         NOTIFICATION_ID_HEADER: str(notification_id),
     }
     email = EmailMultiAlternatives(
-        subject=subject or "", body=body, from_email=sender, to=[to], reply_to=reply_to, headers=headers
+        subject=fields.subject,
+        # An HTML-only payload makes an HTML-only email, not an empty text part beside the HTML.
+        body=fields.body if fields.body is not None else fields.html or "",
+        from_email=sender,
+        to=[to],
+        reply_to=fields.reply_to,
+        headers=headers,
     )
-    if html is not None:
-        email.attach_alternative(html, "text/html")
+    if fields.body is None:
+        email.content_subtype = "html"
+    elif fields.html is not None:
+        email.attach_alternative(fields.html, "text/html")
     return email

@@ -26,6 +26,7 @@ from tests.support.admin_pages import (
     outbox_event,
     staff,
 )
+from tests.support.mailers import mailer_options_for
 
 pytestmark = pytest.mark.django_db
 
@@ -106,6 +107,22 @@ def test_channel_list_shows_a_broken_channel_next_to_its_key(admin_client: Clien
     assert ">broken</span>" in bad_row and "no-such-provider" in bad_row
     good_row = next(r for r in html.split("<tr") if ">good</a>" in r)
     assert ">ok</span>" in good_row
+
+
+def test_channel_list_shows_an_esp_channel_without_its_credentials_as_failing_not_ok(
+    admin_client: Client, settings: Any
+) -> None:
+    settings.ANYMAIL = {}
+    options = mailer_options_for(settings)("anymail.backends.postmark.EmailBackend")
+    channel = ChannelFactory(key="email", provider_key="django_email", options=options)
+    html = admin_client.get(reverse("admin:notifications_retry_channelconfig_changelist")).content.decode()
+    row = next(r for r in html.split("<tr") if ">email</a>" in r)
+    assert ">will fail</span>" in row and "server_token" in row.lower() and ">ok</span>" not in row
+    page = admin_client.get(reverse("admin:notifications_retry_channelconfig_change", args=[channel.pk]))
+    assert "every send will fail" in page.content.decode()
+    settings.ANYMAIL = {"POSTMARK_SERVER_TOKEN": "t"}
+    html = admin_client.get(reverse("admin:notifications_retry_channelconfig_changelist")).content.decode()
+    assert ">ok</span>" in next(r for r in html.split("<tr") if ">email</a>" in r)
 
 
 @pytest.mark.parametrize(

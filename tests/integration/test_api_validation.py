@@ -6,6 +6,7 @@ Each case once reached PostgreSQL raw (a psycopg ``DataError``) or failed deep i
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from django.utils import timezone
 
 from notifications_retry import api
 from notifications_retry.models import NotificationEntity
+from notifications_retry.providers.base import Provider
 from notifications_retry.validation import InvalidNotification
 from tests.factories import ChannelFactory
 
@@ -130,3 +132,111 @@ def test_full_clean_applies_the_same_rules(fields: dict[str, Any], field: str) -
     with pytest.raises(ValidationError) as info:
         row.full_clean()
     assert field in info.value.message_dict, info.value.message_dict
+
+
+# --- what could never be sent is refused at the door ---------------------------------------------------
+
+EMAIL = {"subject": "Your order", "body": "It shipped."}
+
+
+class FaxProvider(Provider):
+    """A custom provider that declares what its payload needs."""
+
+    key = "fax"
+    required_payload_keys = (("pages",), ("cover", "cover_url"))
+
+
+def refused(field: str, **values: Any) -> InvalidNotification:
+    """Create (or schedule, with ``send_at``) ``values``: refused on ``field``, with nothing stored."""
+    create = api.schedule_notification if "send_at" in values else api.create_notification
+    with pytest.raises(InvalidNotification) as info:
+        create(recipient=values.pop("recipient", "ann@example.com"), **values)
+    assert (info.value.field, str(info.value).split(":")[0]) == (field, field), str(info.value)
+    assert NotificationEntity.objects.count() == 0
+    return info.value
+
+
+@pytest.mark.parametrize("create", ["create", "schedule"])
+def test_an_unknown_channel_is_refused_naming_the_channel_field(create: str) -> None:
+    ChannelFactory(key="in_app")
+    ChannelFactory(key="email", provider_key="django_email")
+    timing = {"send_at": timezone.now()} if create == "schedule" else {}
+    error = refused("channel", channel="nope", **timing)
+    assert "no channel with key 'nope' (known: email, in_app)" in str(error)
+
+
+def test_a_disabled_channel_is_accepted_its_rows_wait() -> None:
+    ChannelFactory(key="email", provider_key="django_email", is_enabled=False)
+    row = api.create_notification(channel="email", recipient="ann@example.com", payload=EMAIL)
+    assert NotificationEntity.objects.get(pk=row.pk).status == NotificationEntity.Status.PENDING
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ({"body": "It shipped."}, "'subject' is required"),
+        ({"subject": "Your order"}, "'body' or 'html' is required"),
+        ({}, "'subject' is required"),
+        ({**EMAIL, "subject": 5}, "'subject' must be a non-empty string"),
+        ({**EMAIL, "attachments": []}, "unknown payload key(s) attachments"),
+        ({**EMAIL, "from": "not an address"}, "'from' is not an email address"),
+    ],
+)
+@pytest.mark.parametrize("create", ["create", "schedule"])
+def test_an_email_payload_that_cannot_be_sent_is_refused_naming_the_key(
+    create: str, payload: dict[str, Any], named: str
+) -> None:
+    ChannelFactory(key="email", provider_key="django_email")
+    timing = {"send_at": timezone.now() + timedelta(hours=1)} if create == "schedule" else {}
+    error = refused("payload", channel="email", payload=payload, **timing)
+    assert named in str(error) and "channel 'email' (django_email)" in str(error), str(error)
+
+
+def test_an_email_payload_with_a_subject_and_a_body_or_html_is_accepted() -> None:
+    ChannelFactory(key="email", provider_key="django_email")
+    api.create_notification(channel="email", recipient="ann@example.com", payload=EMAIL)
+    api.create_notification(
+        channel="email", recipient="ann@example.com", payload={"subject": "s", "html": "<p>"}
+    )
+    assert NotificationEntity.objects.count() == 2
+
+
+def test_a_provider_s_declared_payload_keys_are_required_other_providers_take_any_object() -> None:
+    with override_settings(NOTIFICATIONS_RETRY={"PROVIDERS": {"fax": f"{__name__}.FaxProvider"}}):
+        ChannelFactory(key="fax", provider_key="fax")
+        error = refused("payload", channel="fax", payload={"cover": "x"})
+        assert "'pages' is required" in str(error)
+        error = refused("payload", channel="fax", payload={"pages": 2, "cover": None})
+        assert "'cover' or 'cover_url' is required" in str(error)
+        api.create_notification(channel="fax", recipient="+15550100", payload={"pages": 2, "cover_url": "u"})
+    for key, provider_key in (("in_app", "in_app"), ("hook", "webhook"), ("odd", "no-such-provider")):
+        ChannelFactory(key=key, provider_key=provider_key)
+        # A channel whose provider is unknown is the channel's problem: its rows wait until it is fixed.
+        api.create_notification(channel=key, recipient="u", payload={"anything": [1]})
+    assert NotificationEntity.objects.count() == 4
+
+
+@pytest.mark.parametrize("offset", [timedelta(0), -timedelta(seconds=1)])
+def test_expires_at_at_or_before_send_at_is_refused(offset: timedelta) -> None:
+    ChannelFactory(key="in_app")
+    send_at = timezone.now() + timedelta(hours=1)
+    error = refused("expires_at", channel="in_app", send_at=send_at, expires_at=send_at + offset)
+    assert "it would expire unsent" in str(error) and send_at.isoformat() in str(error)
+
+
+def test_expires_at_already_past_on_a_fresh_notification_is_refused() -> None:
+    ChannelFactory(key="in_app")
+    refused("expires_at", channel="in_app", expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_expires_at_after_send_at_is_stored() -> None:
+    ChannelFactory(key="in_app")
+    send_at = timezone.now() + timedelta(hours=1)
+    row = api.schedule_notification(
+        channel="in_app", recipient="u", send_at=send_at, expires_at=send_at + timedelta(seconds=1)
+    )
+    fresh = api.create_notification(
+        channel="in_app", recipient="u", expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    assert NotificationEntity.objects.get(pk=row.pk).expires_at == send_at + timedelta(seconds=1)
+    assert NotificationEntity.objects.filter(pk=fresh.pk).exists()

@@ -28,6 +28,7 @@ from notifications_retry.engine.worker import Worker
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.providers import BUILTIN_PROVIDERS, Provider
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.mailers import USES_MAILERS
 
 ROOT = Path(__file__).resolve().parents[2]
 Status = NotificationEntity.Status
@@ -69,7 +70,7 @@ _url = st.tuples(
     st.lists(st.sampled_from(_url_pieces), min_size=1, max_size=6).map("".join),
 ).map("".join)
 #: Keys every built-in provider reads, so the values reach the code that uses them.
-_known_keys = ["url", "headers", "secret", "fail", "fail_recipients", "delay_seconds", "backend"]
+_known_keys = ["url", "headers", "secret", "fail", "fail_recipients", "delay_seconds", "backend", "mailer"]
 #: Options shaped like what each built-in provider reads, drawn three times as often as any JSON.
 _shaped = {
     "webhook": st.fixed_dictionaries({"url": _url}, optional={"headers": _json, "secret": _json}),
@@ -77,7 +78,8 @@ _shaped = {
         {}, optional={"fail": _json, "fail_recipients": _json, "delay_seconds": _json}
     ),
     "django_email": st.fixed_dictionaries(
-        {}, optional={"backend": _json | _url, "backend_options": _json, "from_email": _json}
+        {},
+        optional={"backend": _json | _url, "backend_options": _json, "mailer": _json, "from_email": _json},
     ),
     "in_app": st.dictionaries(_text, _json, max_size=3),
 }
@@ -178,8 +180,17 @@ class RaisingConstructorProvider(Provider):
         # Options the built-in providers once raised on (unhashable, unimportable), now refused by name.
         ("stub", {"fail": ["retriable"]}, "stub option 'fail'"),
         ("stub", {"fail_recipients": [{}]}, "list of strings"),
-        ("django_email", {"backend": ".x"}, "Empty module name"),
-        ("django_email", {"backend_options": {"timeout": []}}, "number of seconds"),
+        *(
+            [
+                ("django_email", {"mailer": ["default"]}, "alias of a MAILERS entry"),
+                ("django_email", {"mailer": "nope"}, "not in MAILERS"),
+            ]
+            if USES_MAILERS
+            else [
+                ("django_email", {"backend": ".x"}, "Empty module name"),
+                ("django_email", {"backend_options": {"timeout": []}}, "number of seconds"),
+            ]
+        ),
     ],
 )
 def test_a_provider_that_raises_on_its_options_leaves_that_channel_waiting(

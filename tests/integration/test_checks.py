@@ -19,9 +19,10 @@ from django.core.management.base import SystemCheckError
 from django.db import connection, connections
 from django.test import override_settings
 
-from notifications_retry.checks import check_channels
+from notifications_retry.checks import check_channels, check_database
 from notifications_retry.providers.base import Provider
 from tests.factories import ChannelFactory
+from tests.support.mailers import USES_MAILERS, MailerOptions, mailer_options_for
 from tests.support.processes import free_port
 
 # The channel check reads the database on plain `check`: every test here may.
@@ -35,6 +36,16 @@ class CustomProvider(Provider):
 
 class NotAProvider:
     pass
+
+
+POSTMARK = "anymail.backends.postmark.EmailBackend"
+SMTP = "django.core.mail.backends.smtp.EmailBackend"
+
+
+@pytest.fixture
+def mailer_options(settings: Any) -> MailerOptions:
+    """Options of a django_email channel sending through a backend, for the running Django version."""
+    return mailer_options_for(settings)
 
 
 def ids(**kwargs: Any) -> list[str]:
@@ -97,8 +108,9 @@ def test_e001_settings_not_a_dict() -> None:
 
 def test_e002_non_postgresql_lock_alias(extra_alias: Any) -> None:
     extra_alias("other", ENGINE="django.db.backends.sqlite3", NAME=":memory:")
+    # The check itself: from Django 6.1 run_checks() has the model checks query every alias.
     with override_settings(NOTIFICATIONS_RETRY={"LOCK_DATABASE_ALIAS": "other"}):
-        found = messages_with("notifications_retry.E002")
+        found = [m.msg for m in check_database() if m.id == "notifications_retry.E002"]
     assert found and "sqlite" in found[0]
 
 
@@ -288,3 +300,38 @@ def test_w002_an_allowlist_that_excludes_an_existing_channel_s_host() -> None:
     assert "'partner_hook'" in found and "not in WEBHOOK_ALLOWED_HOSTS" in found and "add '*'" in found
     with override_settings(NOTIFICATIONS_RETRY={"WEBHOOK_ALLOWED_HOSTS": ["*", "127.0.0.1"]}):
         assert messages_with("notifications_retry.W002") == []
+
+
+@pytest.mark.django_db
+def test_w008_an_anymail_channel_without_its_credentials_is_named_by_plain_check(
+    settings: Any, mailer_options: MailerOptions
+) -> None:
+    # The README's Postmark channel, its server token forgotten: it passed check, then dead-lettered.
+    settings.ANYMAIL = {}
+    ChannelFactory(key="email", provider_key="django_email", options=mailer_options(POSTMARK))
+    ChannelFactory(
+        key="tokened", provider_key="django_email", options=mailer_options(POSTMARK, {"server_token": "t"})
+    )
+    ChannelFactory(
+        key="smtp", provider_key="django_email", options=mailer_options(SMTP, {"host": "127.0.0.1"})
+    )
+    (found,) = messages_with("notifications_retry.W008")
+    assert "channel 'email' will fail every send" in found and "server_token" in found.lower(), found
+    assert "notifications_retry.W002" not in ids()  # the channel is not set aside: a warning only
+    out = io.StringIO()
+    call_command("check", stdout=out, stderr=out)
+    assert "notifications_retry.W008" in out.getvalue() and "'email'" in out.getvalue()
+    settings.ANYMAIL = {"POSTMARK_SERVER_TOKEN": "from-settings"}
+    assert messages_with("notifications_retry.W008") == []
+
+
+@pytest.mark.django_db
+def test_w008_also_for_a_channel_on_the_projects_default_email_backend(settings: Any) -> None:
+    settings.ANYMAIL = {}
+    if USES_MAILERS:
+        settings.MAILERS = {"default": {"BACKEND": POSTMARK}}
+    else:
+        settings.EMAIL_BACKEND = POSTMARK
+    ChannelFactory(key="email", provider_key="django_email", options={})
+    (found,) = messages_with("notifications_retry.W008")
+    assert "'email'" in found and "server_token" in found.lower()

@@ -25,6 +25,7 @@ from notifications_retry.providers.django_email import DjangoEmailProvider
 from notifications_retry.providers.email_errors import enhanced_status
 from notifications_retry.providers.email_message import message_id
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.mailers import USES_MAILERS, MailerOptions, mailer_options_for
 from tests.support.processes import free_port
 from tests.support.smtp_server import REPLIES, GreetingRefusal, ScriptedSMTPServer
 
@@ -44,8 +45,16 @@ def smtp_server() -> Iterator[ScriptedSMTPServer]:
     server.stop()
 
 
-def smtp_options(server: ScriptedSMTPServer, **extra: object) -> dict[str, object]:
-    return {"backend": SMTP_BACKEND, "backend_options": server.backend_options(), **extra}
+@pytest.fixture
+def mailer_options(settings) -> MailerOptions:
+    """Options of a channel sending through a backend, for the running Django version."""
+    return mailer_options_for(settings)
+
+
+@pytest.fixture
+def smtp_options(smtp_server: ScriptedSMTPServer, mailer_options: MailerOptions) -> MailerOptions:
+    """``make(**extra)``: options of a channel sending to the scripted SMTP server."""
+    return lambda **extra: mailer_options(SMTP_BACKEND, smtp_server.backend_options(), **extra)
 
 
 def provider(options: dict[str, object], timeout: float = 2.0) -> DjangoEmailProvider:
@@ -102,8 +111,8 @@ def assert_terminal(row, kind: str) -> None:
 
 
 @pytest.mark.django_db
-def test_accepted_mail_is_sent_with_its_stable_message_id(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server, message_id_domain="mail.example.com"), "ann@example.com")
+def test_accepted_mail_is_sent_with_its_stable_message_id(clock, smtp_server, smtp_options):
+    row = tick_one(clock, smtp_options(message_id_domain="mail.example.com"), "ann@example.com")
     assert row.status == Status.SENT, row.last_error
     expected = message_id(row.id, "mail.example.com")
     assert row.provider_message_id == expected
@@ -122,16 +131,16 @@ def test_accepted_mail_is_sent_with_its_stable_message_id(clock, smtp_server):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("code", [421, 450, 451, 452])
-def test_smtp_4xx_to_the_recipient_is_retried(clock, smtp_server, code):
-    row = tick_one(clock, smtp_options(smtp_server), f"r{code}@example.com")
+def test_smtp_4xx_to_the_recipient_is_retried(clock, code, smtp_options):
+    row = tick_one(clock, smtp_options(), f"r{code}@example.com")
     assert_retry(row, clock, "smtp_4xx")
     assert f"SMTP {code} at RCPT TO" in row.last_error
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("code", [550, 551, 552, 553, 554])
-def test_smtp_5xx_to_the_recipient_is_terminal_with_the_enhanced_status(clock, smtp_server, code):
-    row = tick_one(clock, smtp_options(smtp_server), f"r{code}@example.com")
+def test_smtp_5xx_to_the_recipient_is_terminal_with_the_enhanced_status(clock, code, smtp_options):
+    row = tick_one(clock, smtp_options(), f"r{code}@example.com")
     # 550 5.1.1 names the mailbox as gone: its own kind, which suppresses the address (test_suppression_smtp).
     assert_terminal(row, "mailbox_unavailable" if code == 550 else "smtp_5xx")
     # "SMTP 550 at RCPT TO: 5.1.1 No such user here": the enhanced status code is kept.
@@ -141,37 +150,37 @@ def test_smtp_5xx_to_the_recipient_is_terminal_with_the_enhanced_status(clock, s
 
 
 @pytest.mark.django_db
-def test_smtp_554_to_the_data_is_terminal(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server), "data554@example.com")
+def test_smtp_554_to_the_data_is_terminal(clock, smtp_options):
+    row = tick_one(clock, smtp_options(), "data554@example.com")
     assert_terminal(row, "smtp_5xx")
     assert "SMTP 554 at DATA: 5.7.1" in row.last_error
 
 
 @pytest.mark.django_db
-def test_a_server_that_hangs_after_the_data_is_a_retried_timeout(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server), "hang@example.com", timeout=HANG_TIMEOUT)
+def test_a_server_that_hangs_after_the_data_is_a_retried_timeout(clock, smtp_server, smtp_options):
+    row = tick_one(clock, smtp_options(), "hang@example.com", timeout=HANG_TIMEOUT)
     assert smtp_server.data_received.is_set()
     assert_retry(row, clock, "timeout")
 
 
 @pytest.mark.django_db
-def test_a_connection_dropped_after_the_data_is_retried(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server), "drop@example.com")
+def test_a_connection_dropped_after_the_data_is_retried(clock, smtp_options):
+    row = tick_one(clock, smtp_options(), "drop@example.com")
     assert_retry(row, clock, "connection")
 
 
 @pytest.mark.django_db
-def test_connection_refused_is_retried(clock):
-    options = {"backend": SMTP_BACKEND, "backend_options": {"host": "127.0.0.1", "port": free_port()}}
+def test_connection_refused_is_retried(clock, mailer_options):
+    options = mailer_options(SMTP_BACKEND, {"host": "127.0.0.1", "port": free_port()})
     row = tick_one(clock, options, "ann@example.com")
     assert_retry(row, clock, "connection")
 
 
 @pytest.mark.django_db
-def test_an_invalid_payload_is_terminal_without_a_connection(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server), "ann@example.com", payload={"subject": "no body"})
+def test_an_invalid_payload_is_terminal_without_a_connection(clock, smtp_server, smtp_options):
+    row = tick_one(clock, smtp_options(), "ann@example.com", payload={"subject": "no body"})
     assert_terminal(row, "invalid_payload")
-    assert "'body' must be a string" in row.last_error
+    assert "'body' or 'html' is required" in row.last_error
     assert not smtp_server.data_received.is_set()
 
 
@@ -191,22 +200,22 @@ def test_an_invalid_payload_is_terminal_without_a_connection(clock, smtp_server)
         ("hang@example.com", None, RetryableProviderError, "timeout", True),
     ],
 )
-def test_smtp_failures_classify_with_their_ambiguity(smtp_server, recipient, sender, error, kind, ambiguous):
+def test_smtp_failures_classify_with_their_ambiguity(recipient, sender, error, kind, ambiguous, smtp_options):
     payload = {**PAYLOAD, "from": sender} if sender else None
     with pytest.raises(ProviderError) as info:
         # Only the hang waits out the timeout: a short one for it, a long one that a loaded machine
         # cannot hit for the others (every step of the conversation has that timeout).
         timeout = HANG_TIMEOUT if recipient.startswith("hang@") else 10.0
-        provider(smtp_options(smtp_server), timeout=timeout).send(outgoing(recipient, payload))
+        provider(smtp_options(), timeout=timeout).send(outgoing(recipient, payload))
     assert type(info.value) is error
     assert (info.value.kind, info.value.ambiguous) == (kind, ambiguous)
     assert info.value.__cause__ is not None  # the backend's own error is kept
 
 
-def test_a_421_greeting_is_retriable_and_unambiguous():
+def test_a_421_greeting_is_retriable_and_unambiguous(mailer_options):
     server = GreetingRefusal().start()
     try:
-        options = {"backend": SMTP_BACKEND, "backend_options": {"host": "127.0.0.1", "port": server.port}}
+        options = mailer_options(SMTP_BACKEND, {"host": "127.0.0.1", "port": server.port})
         with pytest.raises(RetryableProviderError) as info:
             provider(options).send(outgoing())
     finally:
@@ -215,8 +224,8 @@ def test_a_421_greeting_is_retriable_and_unambiguous():
     assert "SMTP 421 at connect: 4.3.2" in str(info.value)
 
 
-def test_connection_refused_is_unambiguous():
-    options = {"backend": SMTP_BACKEND, "backend_options": {"host": "127.0.0.1", "port": free_port()}}
+def test_connection_refused_is_unambiguous(mailer_options):
+    options = mailer_options(SMTP_BACKEND, {"host": "127.0.0.1", "port": free_port()})
     with pytest.raises(RetryableProviderError) as info:
         provider(options).send(outgoing())
     assert (info.value.kind, info.value.ambiguous) == ("connection", False)
@@ -228,9 +237,9 @@ def test_a_name_that_does_not_resolve_is_unambiguous():
     assert (type(error), error.kind, error.ambiguous) == (RetryableProviderError, "dns", False)
 
 
-def test_the_message_id_is_the_same_at_every_attempt(smtp_server):
+def test_the_message_id_is_the_same_at_every_attempt(smtp_server, smtp_options):
     message = outgoing()
-    email_provider = provider(smtp_options(smtp_server))
+    email_provider = provider(smtp_options())
     first = email_provider.send(message)
     second = email_provider.send(message)
     assert first == second
@@ -238,14 +247,14 @@ def test_the_message_id_is_the_same_at_every_attempt(smtp_server):
     assert first.provider_message_id == f"<notification.{message.notification_id}@example.com>"
 
 
-def test_html_reply_to_and_headers_reach_the_server(smtp_server):
+def test_html_reply_to_and_headers_reach_the_server(smtp_server, smtp_options):
     payload = {
         **PAYLOAD,
         "html": "<p>It shipped.</p>",
         "reply_to": ["help@example.com"],
         "headers": {"X-Campaign": "orders"},
     }
-    provider(smtp_options(smtp_server)).send(outgoing(payload=payload))
+    provider(smtp_options()).send(outgoing(payload=payload))
     (mail,) = smtp_server.messages
     assert mail["Reply-To"] == "help@example.com" and mail["X-Campaign"] == "orders"
     assert mail.get_body(("html",)).get_content().strip() == "<p>It shipped.</p>"
@@ -256,7 +265,9 @@ def test_html_reply_to_and_headers_reach_the_server(smtp_server):
     ("payload", "recipient", "fragment"),
     [
         ("just text", "ann@example.com", "must be a JSON object"),
-        ({"body": "x"}, "ann@example.com", "'subject' must be a non-empty string"),
+        ({"body": "x"}, "ann@example.com", "'subject' is required"),
+        ({"subject": " ", "body": "x"}, "ann@example.com", "'subject' must be a non-empty string"),
+        ({"subject": "s", "body": 3}, "ann@example.com", "'body' must be a string"),
         ({"subject": "a\nBcc: x@evil.example", "body": "x"}, "ann@example.com", "one line"),
         ({"subject": "s", "body": "x", "colour": "red"}, "ann@example.com", "unknown payload key(s) colour"),
         ({"subject": "s", "body": "x", "html": 3}, "ann@example.com", "'html' must be a string"),
@@ -266,9 +277,11 @@ def test_html_reply_to_and_headers_reach_the_server(smtp_server):
         ({"subject": "s", "body": "x", "headers": {"X-A": "1\r\nBcc: e"}}, "ann@example.com", "one line"),
     ],
 )
-def test_invalid_payloads_are_permanent_with_a_clear_message(smtp_server, payload, recipient, fragment):
+def test_invalid_payloads_are_permanent_with_a_clear_message(
+    smtp_server, payload, recipient, fragment, smtp_options
+):
     with pytest.raises(PermanentProviderError) as info:
-        provider(smtp_options(smtp_server)).send(outgoing(recipient, payload))
+        provider(smtp_options()).send(outgoing(recipient, payload))
     assert info.value.kind == "invalid_payload" and not info.value.ambiguous
     assert fragment in str(info.value)
     assert not smtp_server.messages
@@ -277,17 +290,43 @@ def test_invalid_payloads_are_permanent_with_a_clear_message(smtp_server, payloa
 def test_registry_and_options_validation():
     assert get_provider_class("django_email") is DjangoEmailProvider
     assert DjangoEmailProvider.options_problems({}) == []
-    assert DjangoEmailProvider.options_problems({"backend": POSTMARK_BACKEND, "from_email": "a@b.c"}) == []
-    problems = DjangoEmailProvider.options_problems(
-        {"backend": "no.such.Backend", "backend_options": [], "from_email": "", "colour": 1}
-    )
+    problems = DjangoEmailProvider.options_problems({"from_email": "", "colour": 1})
     assert any("options colour are unknown" in p for p in problems)
+    assert any("'from_email' must be" in p for p in problems)
+
+
+@pytest.mark.skipif(USES_MAILERS, reason="before Django 6.1 a channel names its backend class")
+def test_before_django_6_1_the_backend_option_is_checked_and_mailer_is_refused_with_the_key_to_use():
+    assert DjangoEmailProvider.options_problems({"backend": POSTMARK_BACKEND, "from_email": "a@b.c"}) == []
+    problems = DjangoEmailProvider.options_problems({"backend": "no.such.Backend", "backend_options": []})
     assert any("cannot be imported" in p for p in problems)
     assert any("'backend_options' must be" in p for p in problems)
-    assert any("'from_email' must be" in p for p in problems)
     assert DjangoEmailProvider.options_problems({"backend": "tests.factories.ChannelFactory"}) == [
         "django_email backend 'tests.factories.ChannelFactory' is not a Django email backend class"
     ]
+    (problem,) = DjangoEmailProvider.options_problems({"mailer": "default"})
+    assert "'mailer'" in problem and "needs Django 6.1 or later" in problem and "use 'backend'" in problem
+
+
+@pytest.mark.skipif(not USES_MAILERS, reason="from Django 6.1 a channel names a MAILERS entry")
+def test_from_django_6_1_the_mailer_option_is_checked_and_backend_is_refused_with_the_key_to_use(settings):
+    settings.MAILERS = {
+        "default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"},
+        "esp": {"BACKEND": POSTMARK_BACKEND, "OPTIONS": {"server_token": "t"}},
+        "odd": {"BACKEND": "tests.factories.ChannelFactory"},
+    }
+    assert DjangoEmailProvider.options_problems({"mailer": "esp", "from_email": "a@b.c"}) == []
+    (unknown,) = DjangoEmailProvider.options_problems({"mailer": "nope"})
+    assert "'nope', which is not in MAILERS (known: default, esp, odd)" in unknown
+    (odd,) = DjangoEmailProvider.options_problems({"mailer": "odd"})
+    assert "is not a Django email backend class" in odd
+    assert "alias of a MAILERS entry" in DjangoEmailProvider.options_problems({"mailer": 5})[0]
+    (legacy,) = DjangoEmailProvider.options_problems({"backend": SMTP_BACKEND, "backend_options": {}})
+    assert "'backend' and 'backend_options' are for Django before 6.1" in legacy
+    assert "name an entry of the MAILERS setting in 'mailer'" in legacy
+    settings.MAILERS = {"esp": settings.MAILERS["esp"]}
+    (no_default,) = DjangoEmailProvider.options_problems({})
+    assert "a channel without 'mailer' uses 'default', which is not in MAILERS (known: esp)" in no_default
 
 
 # --- off the event loop, within the channel's concurrency ----------------------------------------------
@@ -295,12 +334,12 @@ def test_registry_and_options_validation():
 
 @pytest.mark.django_db
 def test_a_hung_mail_server_holds_up_neither_another_channel_nor_more_than_max_concurrency(
-    clock, smtp_server, webhook_server
+    clock, smtp_server, webhook_server, smtp_options
 ):
     email = ChannelFactory(
         key="email",
         provider_key="django_email",
-        options=smtp_options(smtp_server),
+        options=smtp_options(),
         timeout_seconds=HANG_TIMEOUT,
         max_concurrency=2,
         max_attempts=3,
@@ -328,10 +367,11 @@ def test_a_hung_mail_server_holds_up_neither_another_channel_nor_more_than_max_c
         assert (row.status, row.error_kind) == (Status.FAILED, "timeout")
 
 
-def test_without_a_backend_option_the_projects_email_backend_sends(settings):
+def test_without_a_backend_option_the_projects_default_mailer_sends(settings):
     from django.core import mail
 
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    if not USES_MAILERS:  # from 6.1 the test runner makes every MAILERS entry the memory backend
+        settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.DEFAULT_FROM_EMAIL = "noreply@shop.example"
     message = outgoing(payload={"subject": "Hi", "body": "Hello"})
     result = provider({}).send(message)
@@ -341,12 +381,19 @@ def test_without_a_backend_option_the_projects_email_backend_sends(settings):
     assert result.provider_message_id == message_id(message.notification_id, "shop.example")
 
 
+def test_an_html_only_payload_sends_an_html_email_without_an_empty_text_part(smtp_server, smtp_options):
+    provider(smtp_options()).send(outgoing(payload={"subject": "Hi", "html": "<p>It shipped.</p>"}))
+    (mail,) = smtp_server.messages
+    assert mail.get_content_type() == "text/html"
+    assert mail.get_content().strip() == "<p>It shipped.</p>"
+
+
 # --- evidence per attempt -----------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_an_smtp_refusal_keeps_its_reply_code_enhanced_status_and_server_address(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server), "r550@example.com")
+def test_an_smtp_refusal_keeps_its_reply_code_enhanced_status_and_server_address(clock, smtp_options):
+    row = tick_one(clock, smtp_options(), "r550@example.com")
     (entry,) = row.attempt_log
     assert entry["status_code"] == 550 and entry["remote_addr"] == "127.0.0.1"
     assert enhanced_status(entry["response_excerpt"]) == REPLIES[550].split()[1]
@@ -354,16 +401,16 @@ def test_an_smtp_refusal_keeps_its_reply_code_enhanced_status_and_server_address
 
 
 @pytest.mark.django_db
-def test_an_accepted_mail_records_the_250(clock, smtp_server):
-    row = tick_one(clock, smtp_options(smtp_server), "ann@example.com")
+def test_an_accepted_mail_records_the_250(clock, smtp_options):
+    row = tick_one(clock, smtp_options(), "ann@example.com")
     (entry,) = row.attempt_log
     assert (entry["status_code"], entry["remote_addr"], entry["response_excerpt"]) == (250, "127.0.0.1", "")
 
 
 @pytest.mark.django_db
-def test_a_refused_connection_has_no_reply(clock):
+def test_a_refused_connection_has_no_reply(clock, mailer_options):
     port = free_port()
-    options = {"backend": SMTP_BACKEND, "backend_options": {"host": "127.0.0.1", "port": port}}
+    options = mailer_options(SMTP_BACKEND, {"host": "127.0.0.1", "port": port})
     row = tick_one(clock, options, "ann@example.com")
     (entry,) = row.attempt_log
     assert (entry["status_code"], entry["remote_addr"]) == (None, None)

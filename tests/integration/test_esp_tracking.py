@@ -257,12 +257,12 @@ def test_a_mailgun_post_with_a_forged_signature_changes_nothing(client):
     assert not Suppression.objects.exists() and not DeliveryStatus.objects.exists()
 
 
-def postmark_channel_tick(clock, webhook_server):
+def postmark_channel_tick(clock, webhook_server, settings):
     """A ``tick(recipient)`` that sends one due email through anymail's Postmark backend (its API on
     127.0.0.1) in one worker tick and returns the row."""
     webhook_server.responder = postmark_ok
     channel = ChannelFactory(
-        key="email", provider_key="django_email", options=postmark_options(webhook_server)
+        key="email", provider_key="django_email", options=postmark_options(webhook_server, settings)
     )
 
     def tick(recipient):
@@ -286,12 +286,12 @@ def postmark_channel_tick(clock, webhook_server):
 
 
 def test_a_bounce_reported_for_a_real_postmark_send_stops_the_next_send_to_that_address(
-    client, clock, webhook_server
+    client, clock, webhook_server, settings
 ):
     """End to end: anymail's Postmark backend sends (its API on 127.0.0.1), Postmark's bounce webhook
     comes back with the metadata it was given, and the next notification to the address never reaches
     the ESP."""
-    tick = postmark_channel_tick(clock, webhook_server)
+    tick = postmark_channel_tick(clock, webhook_server, settings)
     first = tick("ann@example.com")
     assert (first.status, first.provider_message_id) == (Status.SENT, "pm-42")
     (request,) = webhook_server.requests
@@ -304,11 +304,13 @@ def test_a_bounce_reported_for_a_real_postmark_send_stops_the_next_send_to_that_
     assert len(webhook_server.requests) == 1  # the ESP never heard of the second one
 
 
-def test_the_case_different_bounce_matches_suppresses_and_stops_the_next_send(client, clock, webhook_server):
+def test_the_case_different_bounce_matches_suppresses_and_stops_the_next_send(
+    client, clock, webhook_server, settings
+):
     """A message sent to ``John@Example.com`` bounces as ``john@example.com`` (ESPs report addresses
     without case): the report matches, the address is suppressed, and the next notification to the
     mailbox, however it is cased, never reaches the ESP. The address is sent as written."""
-    tick = postmark_channel_tick(clock, webhook_server)
+    tick = postmark_channel_tick(clock, webhook_server, settings)
     first = tick("John@Example.com")
     assert first.status == Status.SENT, first.last_error
     (request,) = webhook_server.requests

@@ -22,6 +22,7 @@ from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer
+from tests.support.mailers import mailer_options_for
 from tests.support.smtp_server import ScriptedSMTPServer
 
 pytestmark = pytest.mark.django_db
@@ -157,13 +158,14 @@ def test_a_channel_paused_by_retry_after_sends_its_other_records_through_the_fal
     assert sorted(e["reason"] for e in logs if e["event"] == "item-failed-over") == ["throttled"] * 4
 
 
-def test_an_smtp_4xx_to_mail_from_fails_over_from_email_to_a_webhook(clock, fallback_server, make_worker):
+def test_an_smtp_4xx_to_mail_from_fails_over_from_email_to_a_webhook(
+    clock, fallback_server, make_worker, settings
+):
     smtp = ScriptedSMTPServer().start()
     try:
-        options = {
-            "backend": "django.core.mail.backends.smtp.EmailBackend",
-            "backend_options": smtp.backend_options(),
-        }
+        options = mailer_options_for(settings)(
+            "django.core.mail.backends.smtp.EmailBackend", smtp.backend_options()
+        )
         primary, _ = channels("", fallback_server.url, provider_key="django_email", options=options)
         payload = {"subject": "Your order", "body": "It shipped.", "from": "mail451@example.com"}
         (record,) = due(clock, primary, recipient="ann@example.com", payload=payload)

@@ -15,6 +15,7 @@ import pytest
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox, Suppression
 from tests.factories import ChannelFactory, NotificationFactory
+from tests.support.mailers import mailer_options_for
 from tests.support.smtp_server import ScriptedSMTPServer
 
 Status = NotificationEntity.Status
@@ -30,12 +31,17 @@ def smtp_server() -> Iterator[ScriptedSMTPServer]:
     server.stop()
 
 
-def email_channel(server):
-    options = {
-        "backend": "django.core.mail.backends.smtp.EmailBackend",
-        "backend_options": server.backend_options(),
-    }
-    return ChannelFactory(key="email", provider_key="django_email", options=options, max_attempts=3)
+@pytest.fixture
+def email_channel(settings):
+    """``make(server)``: an email channel sending through Django's SMTP backend to ``server``."""
+
+    def make(server):
+        options = mailer_options_for(settings)(
+            "django.core.mail.backends.smtp.EmailBackend", server.backend_options()
+        )
+        return ChannelFactory(key="email", provider_key="django_email", options=options, max_attempts=3)
+
+    return make
 
 
 def send(clock, channel, recipient):
@@ -56,7 +62,9 @@ def send(clock, channel, recipient):
     return row
 
 
-def test_a_550_5_1_1_suppresses_and_the_second_notification_opens_no_smtp_connection(clock, smtp_server):
+def test_a_550_5_1_1_suppresses_and_the_second_notification_opens_no_smtp_connection(
+    clock, smtp_server, email_channel
+):
     channel = email_channel(smtp_server)
     started = smtp_server.connections  # aiosmtpd's controller connects once itself when it starts
     first = send(clock, channel, "r550@example.com")
@@ -86,7 +94,7 @@ def test_a_550_5_1_1_suppresses_and_the_second_notification_opens_no_smtp_connec
 
 
 @pytest.mark.parametrize("recipient", ["r451@example.com", "r450@example.com", "r452@example.com"])
-def test_a_4xx_reply_never_suppresses(clock, smtp_server, recipient):
+def test_a_4xx_reply_never_suppresses(clock, smtp_server, recipient, email_channel):
     row = send(clock, email_channel(smtp_server), recipient)
     assert row.status == Status.FAILED and row.dead_lettered_at is None  # retried later
     assert not Suppression.objects.exists()
@@ -96,7 +104,7 @@ def test_a_4xx_reply_never_suppresses(clock, smtp_server, recipient):
     "recipient", ["r552@example.com", "r553@example.com", "r554@example.com", "data554@example.com"]
 )
 def test_a_5xx_that_does_not_name_the_mailbox_as_gone_is_terminal_without_suppressing(
-    clock, smtp_server, recipient
+    clock, smtp_server, recipient, email_channel
 ):
     row = send(clock, email_channel(smtp_server), recipient)
     assert (row.status, row.error_kind) == (Status.FAILED, "smtp_5xx")
