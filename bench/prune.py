@@ -9,6 +9,8 @@ In one run, on the benchmark database (``nr_prune_bench`` of the local server by
    median and p99;
 3. the prune (``delivery.retention.prune_sent``, 30 days, in its own process, as housekeeping runs it)
    beside the same claims: its rows deleted a second, and the claim's median and p99 while it runs;
+   then the claim alone again for ``--window`` seconds (the machine's load moves: the two windows
+   around the prune show how much);
 4. the same prune alone, on the rows seeded again: rows deleted a second;
 5. a pass that finds nothing to delete (every Sent row younger than the retention): what an hourly run
    costs once the table is pruned, seconds per pass and rows walked a second;
@@ -198,6 +200,8 @@ def _measure(args: argparse.Namespace) -> int:
     )
     if sent_rows() != args.rows - pruned["deleted"] or pruned["deleted"] != args.rows:
         raise RuntimeError(f"the prune deleted {pruned['deleted']:,.0f} of {args.rows:,} rows")
+    after = claim_times(due_channel, args.window)
+    print(f"claim alone after it: {len(after)} claims, p99 {p99(after):.2f} ms", flush=True)
 
     seed_sent(sent_channel, args.rows)
     alone_prune = prune_figures(start_prune())
@@ -216,8 +220,9 @@ def _measure(args: argparse.Namespace) -> int:
         table(
             ["claim (100 rows)", "claims", "median ms", "p99 ms"],
             [
-                claim_row("alone", alone),
+                claim_row("alone, before", alone),
                 claim_row("beside the prune", beside),
+                claim_row("alone, after", after),
             ],
         )
     )

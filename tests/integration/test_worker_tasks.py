@@ -276,3 +276,36 @@ def test_the_outbox_gauges_count_the_unpublished_events_and_the_oldest_s_age(clo
     Relay(LogPublisher(), clock=clock).run(once=True)  # outbox_relay: publishes, then reads its gauges
     assert metrics.OUTBOX_UNPUBLISHED._value.get() == 0
     assert metrics.OUTBOX_OLDEST_UNPUBLISHED_AGE._value.get() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("options", "tasks"),
+    [
+        ({}, ["outbox-gauges", "relay", "housekeeping"]),
+        ({"no_relay": True}, ["outbox-gauges", "housekeeping"]),
+        ({"no_housekeeping": True}, ["outbox-gauges", "relay"]),
+        ({"once": True}, ["outbox-gauges", "relay"]),
+        ({"no_relay": True, "no_housekeeping": True}, ["outbox-gauges"]),
+    ],
+)
+def test_retry_worker_runs_the_tasks_its_options_ask_for(options, tasks):
+    from notifications_retry.management.commands.retry_worker import Command
+
+    worker = Worker()
+    try:
+        Command()._add_tasks(worker, {"no_relay": False, "no_housekeeping": False, "once": False, **options})
+        assert worker.tasks.names == tasks
+    finally:
+        worker.close()
+
+
+@pytest.mark.django_db
+def test_a_publisher_the_settings_cannot_build_is_a_bad_option_of_retry_worker(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.NOTIFICATIONS_RETRY = {"OUTBOX_PUBLISHER": "http", "OUTBOX_PUBLISHER_OPTIONS": {}}
+    with pytest.raises(CommandError, match="'url' must be an http") as info:
+        call_command("retry_worker", "--once")
+    assert info.value.returncode == 2
+    call_command("retry_worker", "--once", "--no-relay")  # the relay runs elsewhere: nothing to build

@@ -297,8 +297,8 @@ def test_prune_bench_prints_the_claim_alone_and_beside_the_prune_and_the_prune_s
         "0",
         "10",
     )
-    claims = table_rows(out, ["alone ", "beside the prune "])
-    assert set(claims) == {"alone ", "beside the prune "}, out
+    claims = table_rows(out, ["alone, before ", "beside the prune ", "alone, after "])
+    assert set(claims) == {"alone, before ", "beside the prune ", "alone, after "}, out
     prunes = table_rows(out, ["beside the claims ", "alone ", "a pass, nothing to delete "])
     assert prunes["beside the claims "][1] == "3,000" and prunes["a pass, nothing to delete "][1] == "0", out
     assert "10 unpublished among 3,000 published" in out, out
