@@ -59,7 +59,8 @@ GAUGE_SECONDS = 10.0
 #: locks, marking), and the most of the loop's time relaying takes while events keep waiting.
 TURN_SECONDS = 0.5
 SHARE = 0.5
-#: How soon ``retry_worker`` looks again whether its relay's batch in flight has been published.
+#: How soon ``retry_worker`` looks again whether its relay's batch in flight has been published (doubling
+#: up to the second figure while it is not).
 PUBLISH_POLL_SECONDS = 0.01
 #: How long a stopping worker waits for its relay's batch in flight (which ends after the event in hand)
 #: before it gives up marking it; and how long the batch taken after ``--once``'s tick has to finish.
@@ -71,6 +72,7 @@ FINISH_WAIT_SECONDS = 10.0
 class RelayReport:
     """What one batch did."""
 
+PUBLISH_POLL_MAX_SECONDS = 0.5
     claimed: int = 0
     published: int = 0
     failed: int = 0
@@ -430,7 +432,11 @@ class RelayTask:
         Raises the database's errors and a publisher's unexpected ones (the loop backs off)."""
         if self._pending is not None:
             if not self._pending.done.wait(0):
-                return PUBLISH_POLL_SECONDS
+                # Looked at again soon, then less often while a slow publisher works through its batch.
+                self._pending.polls += 1
+                return min(
+                    PUBLISH_POLL_MAX_SECONDS, PUBLISH_POLL_SECONDS * 2.0 ** min(self._pending.polls, 16)
+                )
             report = self._settle()
             if report.endpoint_down:
                 self._down_in_a_row += 1
@@ -511,6 +517,8 @@ class _Publishing:
         try:
             relay.publish(rows, self.published, self.report)
         except BaseException as exc:  # handed to the worker's thread, which logs and backs off
+        #: How often the worker found it still publishing.
+        self.polls = 0
             self.error = exc
         finally:
             self.done.set()

@@ -159,3 +159,16 @@ def test_without_tasks_the_wait_is_the_port_s_own():
     waiting = LoopTasks(monotonic=time, stopping=lambda: False).around(port)
     waiting.notified(1.5)
     assert port.waits == [1.5]
+
+
+def test_the_relay_looks_at_a_slow_batch_less_and_less_often():
+    import threading
+    from types import SimpleNamespace
+
+    from notifications_retry.outbox.relay import PUBLISH_POLL_MAX_SECONDS, PUBLISH_POLL_SECONDS, RelayTask
+
+    task = RelayTask(SimpleNamespace(interval=1.0, max_backoff=60.0))  # type: ignore[arg-type]
+    task._pending = SimpleNamespace(done=threading.Event(), polls=0)  # type: ignore[assignment]
+    delays = [task.run(0.5) for _ in range(10)]
+    assert delays[0] == pytest.approx(2 * PUBLISH_POLL_SECONDS)
+    assert delays == sorted(delays) and delays[-1] == PUBLISH_POLL_MAX_SECONDS
