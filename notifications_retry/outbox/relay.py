@@ -62,6 +62,7 @@ SHARE = 0.5
 #: How soon ``retry_worker`` looks again whether its relay's batch in flight has been published (doubling
 #: up to the second figure while it is not).
 PUBLISH_POLL_SECONDS = 0.01
+PUBLISH_POLL_MAX_SECONDS = 0.5
 #: How long a stopping worker waits for its relay's batch in flight (which ends after the event in hand)
 #: before it gives up marking it; and how long the batch taken after ``--once``'s tick has to finish.
 STOP_WAIT_SECONDS = 0.25
@@ -72,7 +73,6 @@ FINISH_WAIT_SECONDS = 10.0
 class RelayReport:
     """What one batch did."""
 
-PUBLISH_POLL_MAX_SECONDS = 0.5
     claimed: int = 0
     published: int = 0
     failed: int = 0
@@ -507,6 +507,8 @@ class _Publishing:
         self.report = report
         self.published: list[int] = []
         self.error: BaseException | None = None
+        #: How often the worker found it still publishing.
+        self.polls = 0
         self.done = threading.Event()
         self.thread = threading.Thread(
             target=self._run, args=(relay, rows), name="notifications-retry-relay", daemon=True
@@ -517,8 +519,6 @@ class _Publishing:
         try:
             relay.publish(rows, self.published, self.report)
         except BaseException as exc:  # handed to the worker's thread, which logs and backs off
-        #: How often the worker found it still publishing.
-        self.polls = 0
             self.error = exc
         finally:
             self.done.set()
