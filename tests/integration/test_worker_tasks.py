@@ -282,11 +282,11 @@ def test_the_outbox_gauges_count_the_unpublished_events_and_the_oldest_s_age(clo
 @pytest.mark.parametrize(
     ("options", "tasks"),
     [
-        ({}, ["outbox-gauges", "relay", "housekeeping"]),
-        ({"no_relay": True}, ["outbox-gauges", "housekeeping"]),
-        ({"no_housekeeping": True}, ["outbox-gauges", "relay"]),
-        ({"once": True}, ["outbox-gauges", "relay"]),
-        ({"no_relay": True, "no_housekeeping": True}, ["outbox-gauges"]),
+        ({}, ["relay", "housekeeping"]),
+        ({"no_relay": True}, ["housekeeping"]),
+        ({"no_housekeeping": True}, ["relay"]),
+        ({"once": True}, ["relay"]),
+        ({"no_relay": True, "no_housekeeping": True}, []),
     ],
 )
 def test_retry_worker_runs_the_tasks_its_options_ask_for(options, tasks):
@@ -295,7 +295,8 @@ def test_retry_worker_runs_the_tasks_its_options_ask_for(options, tasks):
     worker = Worker()
     try:
         Command()._add_tasks(worker, {"no_relay": False, "no_housekeeping": False, "once": False, **options})
-        assert worker.tasks.names == tasks
+        assert "outbox-gauges" in worker.tasks.names  # whoever relays, every worker watches the outbox
+        assert [name for name in worker.tasks.names if name in ("relay", "housekeeping")] == tasks
     finally:
         worker.close()
 
