@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import django
 import structlog
 
 import notifications_retry.observability.logging
@@ -50,9 +51,22 @@ if _LOCK_DATABASE_URL:
 
 # Django's mail backend, which the django_email provider uses when a channel names none: e.g.
 # DJANGO_EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend with DJANGO_EMAIL_HOST/_PORT.
-EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
-EMAIL_HOST = os.environ.get("DJANGO_EMAIL_HOST", "localhost")
-EMAIL_PORT = int(os.environ.get("DJANGO_EMAIL_PORT", "25"))
+_SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+_EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", _SMTP_BACKEND)
+_EMAIL_HOST = os.environ.get("DJANGO_EMAIL_HOST", "localhost")
+_EMAIL_PORT = int(os.environ.get("DJANGO_EMAIL_PORT", "25"))
+if django.VERSION[:2] >= (6, 1):
+    # Django 6.1 replaces EMAIL_BACKEND and EMAIL_HOST/_PORT by the default entry of MAILERS.
+    MAILERS = {
+        "default": {
+            "BACKEND": _EMAIL_BACKEND,
+            "OPTIONS": {"host": _EMAIL_HOST, "port": _EMAIL_PORT} if _EMAIL_BACKEND == _SMTP_BACKEND else {},
+        }
+    }
+else:
+    EMAIL_BACKEND = _EMAIL_BACKEND
+    EMAIL_HOST = _EMAIL_HOST
+    EMAIL_PORT = _EMAIL_PORT
 
 INSTALLED_APPS = [
     "django.contrib.admin",
