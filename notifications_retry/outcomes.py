@@ -34,6 +34,8 @@ EXPIRED = "expired"
 UNDECODABLE = "undecodable_payload"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 PAYLOAD_INVALID = "payload_invalid"
+#: A time Python's datetime cannot hold ('infinity', year 12000), written past the API: set aside unsent.
+UNREADABLE_TIME = "unreadable_time"
 CANCELLED = "cancelled"
 PROVIDER_CRASH = "provider_crash"
 TIMEOUT = "timeout"
@@ -280,6 +282,7 @@ __all__ = [
     "SUPPRESSED",
     "TERMINAL",
     "UNDECODABLE",
+    "UNREADABLE_TIME",
     "ClaimedRecord",
     "Decision",
     "Failure",

@@ -118,6 +118,10 @@ SET status = v.status,
     expires_at = CASE WHEN t.expires_at < '0001-01-02 00:00+00' THEN '0001-01-02 00:00+00'::timestamptz
                       WHEN t.expires_at > '9999-12-30 00:00+00' THEN '9999-12-30 00:00+00'::timestamptz
                       ELSE t.expires_at END,
+    -- Likewise a start time ('-infinity' is due, and claimed as long due).
+    scheduled_at = CASE WHEN t.scheduled_at < '0001-01-02 00:00+00' THEN '0001-01-02 00:00+00'::timestamptz
+                        WHEN t.scheduled_at > '9999-12-30 00:00+00' THEN '9999-12-30 00:00+00'::timestamptz
+                        ELSE t.scheduled_at END,
     -- The attempt's trigger: the outcome's own (a hand-off), else what a requeue left on the row.
     attempt_log = t.attempt_log || jsonb_build_array(
         v.log_entry || jsonb_build_object('trigger', COALESCE(v.trigger, t.next_trigger, 'scheduled'))),

@@ -1,4 +1,4 @@
-"""The worker's tasks besides its ticks: the outbox relay, housekeeping, the outbox gauges.
+"""The worker's tasks besides its ticks: the outbox relay, housekeeping, the outbox gauges, unreadable times.
 
 ``retry_worker`` runs them on its one loop, on its own thread, between ticks: after each tick, and
 while it waits for the next (their timers end a slice of the wait, :class:`TasksWhileWaiting`). So
@@ -25,6 +25,7 @@ from typing import Protocol
 import structlog
 
 from notifications_retry.clock import Clock
+from notifications_retry.delivery import unreadable_times
 from notifications_retry.engine.wakeup import WakeupPort
 from notifications_retry.exception_chain import first_line
 from notifications_retry.locks import LockNotDirect
@@ -194,4 +195,41 @@ class OutboxGauges:
         """Nothing to close."""
 
 
-__all__ = ["GAUGE_SECONDS", "LoopTask", "LoopTasks", "OutboxGauges", "TasksWhileWaiting"]
+#: How often a worker looks for rows whose due time it cannot read (two probes of the due index).
+UNREADABLE_SECONDS = 60.0
+
+
+class UnreadableDueTimes:
+    """Rows whose due time Python cannot read ('infinity', year 12000: never due, and no page loads
+    them) set aside as dead letters with their reason, at the worker's first turn after its first tick
+    and every :data:`UNREADABLE_SECONDS`: a lane never waits for housekeeping's hourly run to learn of
+    one (:func:`notifications_retry.delivery.unreadable_times.due_ends`, the two ends of the due index)."""
+
+    name = "unreadable-times"
+    first_in = 0.0
+    budget_seconds = 1.0
+    share = 0.1
+    retry_seconds = UNREADABLE_SECONDS
+    retry_cap_seconds = 10 * UNREADABLE_SECONDS
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def run(self, budget: float) -> float:
+        found = unreadable_times.set_aside_batch(self.clock.now(), due_only=True)
+        # A full batch: the next turn takes the next one, within the task's share.
+        return 0.0 if len(found) == unreadable_times.BATCH_ROWS else UNREADABLE_SECONDS
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+__all__ = [
+    "GAUGE_SECONDS",
+    "UNREADABLE_SECONDS",
+    "LoopTask",
+    "LoopTasks",
+    "OutboxGauges",
+    "TasksWhileWaiting",
+    "UnreadableDueTimes",
+]
