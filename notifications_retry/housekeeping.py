@@ -1,13 +1,14 @@
-"""Housekeeping: expire stale dead letters, prune published outbox rows, old backlog samples,
-suppressions whose expiry has passed, endpoint-health buckets that left the health window and, when
-``SENT_RETENTION_DAYS`` is set, old Sent rows.
+"""Housekeeping: set aside rows with times Python cannot read, expire stale dead letters, prune published
+outbox rows, old backlog samples, suppressions whose expiry has passed, endpoint-health buckets that left
+the health window and, when ``SENT_RETENTION_DAYS`` is set, old Sent rows.
 
 ``retry_worker`` runs it on its loop (:class:`HousekeepingTask`), in one worker at a time: the one holding
 the housekeeping advisory lock, elected as River elects the leader that runs its maintenance services.
 ``manage.py notifications_housekeeping`` runs it once, for deployments that start workers with
 ``--no-housekeeping`` (a daily CronJob). Each step is a short transaction (a batch, for large
 deletions), so it runs next to the worker and the relay. The notification and outbox rows are written by
-:mod:`notifications_retry.delivery` (``triage``, ``outbox``, ``suppression``, ``retention``).
+:mod:`notifications_retry.delivery` (``unreadable_times``, ``triage``, ``outbox``, ``suppression``,
+``retention``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from notifications_retry.delivery.outbox import prune_published_outbox, prune_pu
 from notifications_retry.delivery.retention import prune_sent_batches
 from notifications_retry.delivery.suppression import prune_expired
 from notifications_retry.delivery.triage import expire_dead_letters
+from notifications_retry.delivery.unreadable_times import everywhere as set_aside_unreadable_times
 from notifications_retry.locks import AdvisoryLock
 
 from .conf import get_settings
@@ -44,6 +46,10 @@ TURN_SECONDS = 0.25
 SHARE = 0.1
 #: After a failed step, the next run waits this long, doubling up to :data:`EVERY_SECONDS`.
 RETRY_SECONDS = 60.0
+#: Backlog samples (the admin dashboard's history) older than this are deleted: two days, the default
+#: 24 h chart and the day before it to compare with (the 7-day range shows these two days). A worker
+#: writes one every 10 s at most: about 17,000 rows a worker are kept (``--sample-hours`` overrides).
+BACKLOG_SAMPLE_RETENTION_HOURS = 48
 
 #: First half of the two-int advisory-lock key of the housekeeping leader ("nrhk"): apart from the cycle
 #: lock (a bigint key) and the relay's key locks.
@@ -60,6 +66,8 @@ class HousekeepingReport:
     pruned_suppressions: int = 0
     pruned_health_buckets: int = 0
     pruned_sent: int = 0
+    #: Rows with a time Python cannot read, set aside as dead letters (``unreadable_time``).
+    set_aside_unreadable: int = 0
 
 
 def prune_backlog_samples(*, older_than: datetime) -> int:
@@ -83,9 +91,11 @@ def housekeeping_steps(
     conf = get_settings()
     dead_letter_retention = dead_letter_retention or timedelta(days=conf.DEAD_LETTER_RETENTION_DAYS)
     outbox_retention = outbox_retention or timedelta(days=conf.OUTBOX_RETENTION_DAYS)
-    sample_retention = sample_retention or timedelta(hours=conf.BACKLOG_SAMPLE_RETENTION_HOURS)
+    sample_retention = sample_retention or timedelta(hours=BACKLOG_SAMPLE_RETENTION_HOURS)
     if sent_retention is None and conf.SENT_RETENTION_DAYS is not None:
         sent_retention = timedelta(days=conf.SENT_RETENTION_DAYS)
+    for found in set_aside_unreadable_times(now):
+        yield "set_aside_unreadable", found
     yield "expired_dead_letters", expire_dead_letters(retention=dead_letter_retention, now=now)
     for deleted in prune_published_outbox_batches(older_than=now - outbox_retention):
         yield "pruned_outbox", deleted

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from notifications_retry.conf import get_settings
-from notifications_retry.housekeeping import run_housekeeping
+from notifications_retry.housekeeping import BACKLOG_SAMPLE_RETENTION_HOURS, run_housekeeping
 from notifications_retry.management import option_types
 
 
@@ -37,7 +37,7 @@ class Command(BaseCommand):
             "--sample-hours",
             type=option_types.positive_int,
             default=None,
-            help=f"Retention of backlog samples (default {conf.BACKLOG_SAMPLE_RETENTION_HOURS}).",
+            help=f"Retention of backlog samples (default {BACKLOG_SAMPLE_RETENTION_HOURS}).",
         )
         parser.add_argument(
             "--sent-days",
@@ -58,6 +58,7 @@ class Command(BaseCommand):
             sent_retention=days(options["sent_days"]),
         )
         self.stdout.write(
+            f"set aside {report.set_aside_unreadable} row(s) with unreadable times; "
             f"expired {report.expired_dead_letters} dead letter(s), pruned {report.pruned_outbox} "
             f"outbox event(s) and {report.pruned_backlog_samples} backlog sample(s); "
             f"deleted {report.pruned_suppressions} expired suppression(s) and "
