@@ -28,7 +28,7 @@ from typing import Literal
 from ..exception_chain import causes
 from ..exceptions import PermanentProviderError, ProviderError, RetryableProviderError
 from ..outcomes import MAILBOX_UNAVAILABLE as MAILBOX_UNAVAILABLE_KIND
-from .webhook import status_error
+from .http_status import status_error
 
 #: Where the failure happened: opening the connection (connect, EHLO, STARTTLS, login) or sending.
 Phase = Literal["connect", "send"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -13,14 +12,14 @@ from django.conf import settings as django_settings
 
 from .. import url_policy
 from ..asyncio_bridge import run_sync
-from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
+from ..conf import SETTINGS_NAME, get_settings
 from ..evidence import Evidence, answer_text
-from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
-from ..retry import retry_after_seconds
+from ..exceptions import PermanentProviderError, ProviderError, RetryableProviderError
 from ..version import __version__
 from . import http_client
 from .base import ChannelSettings, OutgoingMessage, Provider, SendResult
 from .http_client import HttpClient, NeverConnected, Response, TransportError, check_header
+from .http_status import status_error
 from .webhook_signing import Signer, secret_problems
 
 #: A success answer larger than this is not parsed for an id: a webhook answers briefly.
@@ -30,47 +29,23 @@ USER_AGENT = f"notifications-retry/{__version__}"
 RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 
-def parse_retry_after(
-    value: str | None, now: datetime | None = None, *, maximum: float | None = None
-) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad.
-
-    Clamped to ``[0, maximum]`` (default: the ``RETRY_AFTER_MAX_SECONDS`` setting): an absurd value
-    (``999999999999``, a date in year 9999) waits the maximum and never raises.
-    """
-    return retry_after_seconds(
-        value, now=now or datetime.now(UTC), maximum=_retry_after_max() if maximum is None else maximum
-    )
-
-
-def _retry_after_max() -> float:
-    return _policy_settings()[1]
-
-
 #: The body's JSON: keys sorted, no spaces (one encoder, not one built per ``json.dumps`` call).
 _BODY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
-#: (the NOTIFICATIONS_RETRY object read, (allowlist, Retry-After maximum)) — see _policy_settings.
-_policy_cache: list[tuple[object, tuple[tuple[str, ...], float]]] = []
+#: (the NOTIFICATIONS_RETRY object read, its webhook allowlist) — see _allowed_hosts.
+_policy_cache: list[tuple[object, tuple[str, ...]]] = []
 
 
-def _policy_settings() -> tuple[tuple[str, ...], float]:
-    """The allowlist and the Retry-After maximum, read again whenever ``NOTIFICATIONS_RETRY`` is replaced.
+def _allowed_hosts() -> tuple[str, ...]:
+    """The ``WEBHOOK_ALLOWED_HOSTS`` setting, read again whenever ``NOTIFICATIONS_RETRY`` is replaced.
 
-    Every send needs them; building the whole settings object per send cost a tenth of the client's
+    Every send needs it; building the whole settings object per send cost a tenth of the client's
     CPU. ``override_settings`` (and a settings reload) replace the dict, which is what is compared.
     """
     raw = getattr(django_settings, SETTINGS_NAME, None)
     if _policy_cache and _policy_cache[0][0] is raw:
         return _policy_cache[0][1]
-    conf = get_settings()
-    try:
-        maximum = float(conf.RETRY_AFTER_MAX_SECONDS)
-    except (TypeError, ValueError):  # settings check E001 reports a bad one; a send still needs a bound
-        maximum = RetrySettings.RETRY_AFTER_MAX_SECONDS
-    if not 0 < maximum <= RETRY_AFTER_MAX_SECONDS_LIMIT:
-        maximum = RetrySettings.RETRY_AFTER_MAX_SECONDS
-    value = (tuple(conf.WEBHOOK_ALLOWED_HOSTS), maximum)
+    value = tuple(get_settings().WEBHOOK_ALLOWED_HOSTS)
     _policy_cache[:] = [(raw, value)]
     return value
 
@@ -80,32 +55,6 @@ def classify_response(status: int, headers: Mapping[str, str], body: bytes) -> S
     if 200 <= status < 300:
         return SendResult(provider_message_id=_message_id(body))
     raise status_error(status, headers.get("retry-after"), f"webhook answered HTTP {status}")
-
-
-def status_error(status: int, retry_after: str | None, reason: str) -> ProviderError:
-    """What an HTTP answer other than 2xx means, for every HTTP provider (the table of docs/contract.md).
-
-    ``retry_after`` is the answer's ``Retry-After`` header, honoured for 429 and 503. Ambiguity: 429
-    and 503 refuse a request before processing it, so nothing went out and a fallback may be tried.
-    Every other answer is ambiguous, the 4xx included: the receiver may have acted before refusing
-    (a 409 for an ``Idempotency-Key`` still in progress means the first request may be delivering).
-    A permanent failure never fails over, so nothing is lost by the safe answer there.
-    """
-    if status == 429:
-        return ProviderThrottled(
-            reason, kind="throttled", retry_after=parse_retry_after(retry_after), ambiguous=False
-        )
-    if status == 503:
-        return RetryableProviderError(
-            reason, kind="http_5xx", retry_after=parse_retry_after(retry_after), ambiguous=False
-        )
-    if status == 408:
-        return RetryableProviderError(reason, kind="timeout")
-    if status >= 500:
-        return RetryableProviderError(reason, kind="http_5xx")
-    if 400 <= status < 500:
-        return PermanentProviderError(reason, kind="http_4xx")
-    return PermanentProviderError(f"{reason} (redirects are not followed)", kind="http_unexpected")
 
 
 def _message_id(body: bytes) -> str | None:
@@ -225,7 +174,7 @@ class WebhookProvider(Provider):
 
     def _check_url(self) -> None:
         """The URL policy, on every send: a channel made in code is held to it as the admin's are."""
-        allowed = _policy_settings()[0]
+        allowed = _allowed_hosts()
         problems = url_policy.webhook_url_problems(self.url, allowed_hosts=allowed)
         if problems:
             raise PermanentProviderError(f"webhook URL refused: {'; '.join(problems)}", kind="url_refused")

@@ -12,7 +12,8 @@ import pytest
 from notifications_retry.exceptions import PermanentProviderError, ProviderThrottled, RetryableProviderError
 from notifications_retry.providers import get_provider_class
 from notifications_retry.providers.base import ChannelSettings, OutgoingMessage
-from notifications_retry.providers.webhook import WebhookProvider, parse_retry_after
+from notifications_retry.providers.http_status import parse_retry_after
+from notifications_retry.providers.webhook import WebhookProvider
 from tests.conftest import allow_loopback
 from tests.support.http_server import Reply, ScriptedServer
 

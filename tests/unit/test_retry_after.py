@@ -14,7 +14,8 @@ from notifications_retry.delivery.channel_rules import backoff_policy
 from notifications_retry.exceptions import ProviderThrottled
 from notifications_retry.models import ChannelConfig
 from notifications_retry.outcomes import RETRY, decide, failure_of
-from notifications_retry.providers.webhook import classify_response, parse_retry_after
+from notifications_retry.providers.http_status import parse_retry_after
+from notifications_retry.providers.webhook import classify_response
 from notifications_retry.retry import BackoffPolicy, next_attempt_at
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -93,7 +94,7 @@ def test_the_decision_on_a_clamped_throttle_waits_the_setting_at_most(
 ) -> None:
     # The provider clamps the header; the channel's policy bounds the spread by the same setting
     # (an invalid one, which check E001 names, by the default).
-    settings.NOTIFICATIONS_RETRY = {"RETRY_AFTER_MAX_SECONDS": setting, "JITTER_RATIO": 0.1}
+    settings.NOTIFICATIONS_RETRY = {"RETRY_AFTER_MAX_SECONDS": setting}
     with pytest.raises(ProviderThrottled) as info:
         classify_response(429, {"retry-after": "999999999999"}, b"")
     channel = ChannelConfig(key="hooks", provider_key="webhook", max_attempts=5)
