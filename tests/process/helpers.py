@@ -10,14 +10,17 @@ from django.db import connection
 from notifications_retry.models import ChannelConfig, NotificationEntity, Outbox
 from tests.support.http_server import RecordedRequest
 
+#: Backends holding the default lane's tick lock (LOCK_KEY's default), one row each. Only that lock: a
+#: worker also holds the relay's key locks and, when elected, housekeeping's, on the same session.
 ADVISORY_HOLDERS = """
-SELECT pid FROM pg_locks
+SELECT DISTINCT pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = %s)
+  AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('notifications:retry-worker', 0)
 """
 
 
 def lock_holders(dbname: str | None = None) -> list[int]:
-    """Backend pids holding an advisory lock in the test database now."""
+    """Backend pids holding the default lane's tick lock in the test database now."""
     with connection.cursor() as cursor:
         cursor.execute(ADVISORY_HOLDERS, [dbname or connection.settings_dict["NAME"]])
         return [row[0] for row in cursor.fetchall()]

@@ -23,7 +23,7 @@ RSS_BOUND_MB = 256
 SETTINGS = {
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
     "LEASE_GRACE_SECONDS": 0.5,
-    "CIRCUIT_FAILURE_THRESHOLD": 10000,
+    "CIRCUIT_BREAKER": {"failure_threshold": 10000},
 }
 
 
@@ -66,14 +66,14 @@ def test_peak_rss_stays_bounded_under_header_floods_and_payloads_at_the_limit(st
         stop.set()
         watcher.join(2)
     assert status == 0, worker.output()[-3000:]
-    # The rows' states, not the tick's counters: on a loaded machine a call that outlives its lease is
-    # taken again within the same tick, and the counters then count it twice.
-    assert (
-        NotificationEntity.objects.filter(
-            channel=hook, status=NotificationEntity.Status.FAILED, attempts__gte=2
-        ).count()
-        == 320
-    )
+    # The rows' states, not the tick's counters (a call that outlives its lease on a loaded machine is
+    # taken again within the tick and counted twice). How many calls fit in the tick depends on the
+    # machine too (queued records whose lease can no longer cover a call go back unsent): at least one
+    # round of 32 met the flood, none was taken for sent, none is left leased, and the bulky rows went.
+    hook_rows = NotificationEntity.objects.filter(channel=hook)
+    assert hook_rows.filter(attempts__gte=2).count() >= 32
+    assert not hook_rows.exclude(status=NotificationEntity.Status.FAILED).exists()
+    assert not hook_rows.filter(claim_token__isnull=False).exists()
     assert (
         NotificationEntity.objects.filter(channel=bulky, status=NotificationEntity.Status.SENT).count() == 400
     )

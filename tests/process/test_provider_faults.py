@@ -102,7 +102,10 @@ def test_hung_provider_tick_respects_max_duration_and_counts_retriable_attempts(
 @pytest.mark.django_db(transaction=True)
 def test_5xx_on_every_call_max_attempts_calls_gaps_in_jitter_band_one_alert_and_event(settings):
     # The circuit breaker would pause the channel: this scenario is about the per-record schedule.
-    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 1000, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    settings.NOTIFICATIONS_RETRY = {
+        "CIRCUIT_BREAKER": {"failure_threshold": 1000},
+        "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+    }
     server = ScriptedServer(lambda request: Reply(500, "down")).start()
     alerts: list[dict] = []
 
@@ -135,8 +138,9 @@ def test_5xx_on_every_call_max_attempts_calls_gaps_in_jitter_band_one_alert_and_
     for calls in by_key.values():
         for a, b in itertools.pairwise(calls):
             gap = b.received_at - a.received_at
-            # The jitter band, widened by the loop's polling period and a call's latency.
-            assert base * (1 - jitter) - 0.05 <= gap <= base * (1 + jitter) + 0.3, gap
+            # Never before the jitter band (a retry never comes early); after it by no more than the
+            # loop's polling period and a call's latency, which a loaded machine stretches to a second.
+            assert base * (1 - jitter) - 0.05 <= gap <= base * (1 + jitter) + 1.0, gap
     assert sorted(str(a["notification_id"]) for a in alerts) == sorted(by_key)
     assert Outbox.objects.filter(payload__status="Failed").count() == 10
     assert_one_event_per_final_outcome()
@@ -144,7 +148,10 @@ def test_5xx_on_every_call_max_attempts_calls_gaps_in_jitter_band_one_alert_and_
 
 @pytest.mark.django_db(transaction=True)
 def test_429_storm_waits_for_retry_after_then_keeps_to_the_rate_limit(settings):
-    settings.NOTIFICATIONS_RETRY = {"CIRCUIT_FAILURE_THRESHOLD": 1000, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    settings.NOTIFICATIONS_RETRY = {
+        "CIRCUIT_BREAKER": {"failure_threshold": 1000},
+        "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+    }
     retry_after, rate, storm = 2, 5.0, 3
 
     def responder(request):
