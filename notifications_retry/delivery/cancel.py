@@ -9,9 +9,8 @@ from datetime import datetime
 from django.db import transaction
 
 from notifications_retry.delivery.finalize import apply_outcomes
-from notifications_retry.delivery.handoff import record_of
+from notifications_retry.delivery.handoff import locked_pending, record_of
 from notifications_retry.delivery.triage import discard_row
-from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import CANCELLED, TERMINAL, Failure, decide, outcome_of
 from notifications_retry.retry import BackoffPolicy
@@ -23,15 +22,7 @@ def cancel(pk: uuid.UUID | str, *, actor: str, reason: str, now: datetime) -> No
     Refused (:class:`InvalidTransition`) for a row that is not Pending or that a worker is sending now.
     """
     with transaction.atomic():
-        try:
-            row = NotificationEntity.objects.select_for_update().select_related("channel").get(pk=pk)
-        except NotificationEntity.DoesNotExist:
-            raise InvalidTransition(f"cannot cancel notification {pk}: no such notification") from None
-        if row.status != NotificationEntity.Status.PENDING:
-            raise InvalidTransition(f"cannot cancel notification {pk}: it is {row.status}, not pending")
-        if row.claim_token is not None and row.claim_expires_at is not None and row.claim_expires_at > now:
-            # The worker is calling the provider right now; cancelling would race the send.
-            raise InvalidTransition(f"cannot cancel notification {pk}: a worker is sending it now")
+        row = locked_pending(pk, now, doing="cancel")
         error = f"cancelled by {actor}" + (f": {reason}" if reason else "")
         # A cancel is a permanent failure: the same decision as any other (no backoff is consulted).
         failure = Failure(CANCELLED, error, retriable=False)

@@ -35,19 +35,23 @@ from notifications_retry.outcomes import (
     outcome_of,
 )
 
+#: What a hand-over's refusal says it cannot do.
+HAND_OVER = "hand over"
 
-def _locked_fresh(pk: uuid.UUID | str, now: datetime) -> NotificationEntity:
-    """The row, locked, if it is a Pending notification no worker holds; else a clear refusal."""
+
+def locked_pending(pk: uuid.UUID | str, now: datetime, *, doing: str) -> NotificationEntity:
+    """The row, locked (its channel with it), if it is Pending and no worker's lease holds it: what the
+    monolith may still change itself (a hand-over, a cancel). Else :class:`InvalidTransition` saying
+    why it cannot ``doing`` it: an outcome was recorded already, or a worker is sending it now (changed
+    under it, the worker's outcome would race the monolith's)."""
     try:
         row = NotificationEntity.objects.select_for_update().select_related("channel").get(pk=pk)
     except NotificationEntity.DoesNotExist:
-        raise InvalidTransition(f"notification {pk}: no such notification") from None
+        raise InvalidTransition(f"cannot {doing} notification {pk}: no such notification") from None
     if row.status != NotificationEntity.Status.PENDING:
-        raise InvalidTransition(
-            f"notification {pk} is {row.status}, not pending: its outcome was recorded already"
-        )
+        raise InvalidTransition(f"cannot {doing} notification {pk}: it is {row.status}, not pending")
     if row.claim_token is not None and row.claim_expires_at is not None and row.claim_expires_at > now:
-        raise InvalidTransition(f"notification {pk}: a worker is sending it now; its outcome is the worker's")
+        raise InvalidTransition(f"cannot {doing} notification {pk}: a worker is sending it now")
     return row
 
 
@@ -107,7 +111,7 @@ def record_attempt(
 ) -> Outcome:
     """Record the monolith's attempt at a fresh Pending row (``failure`` None: it was delivered)."""
     with transaction.atomic():
-        row = _locked_fresh(pk, now)
+        row = locked_pending(pk, now, doing=HAND_OVER)
         record = record_of(row, row.attempts + 1)
         outcome = _decided(record, row.channel, failure, provider_message_id, now, rng)
         # The row is locked by this transaction: no claim token to guard with.
@@ -121,7 +125,7 @@ def settle_suppressed(pk: uuid.UUID | str, *, now: datetime) -> Outcome | None:
     None (and nothing written) when the recipient is not suppressed: the row is then the caller's to send.
     """
     with transaction.atomic():
-        row = _locked_fresh(pk, now)
+        row = locked_pending(pk, now, doing=HAND_OVER)
         found = suppression.active(row.recipient, channel=row.channel.key, now=now)
         if found is None:
             return None
@@ -144,7 +148,7 @@ def settle_suppressed(pk: uuid.UUID | str, *, now: datetime) -> Outcome | None:
 def lease_fresh(pk: uuid.UUID | str, *, now: datetime) -> tuple[ClaimedRecord, ChannelConfig]:
     """Lease a fresh Pending row for sending right away (this attempt counted), as a worker's claim does."""
     with transaction.atomic():
-        row = _locked_fresh(pk, now)
+        row = locked_pending(pk, now, doing=HAND_OVER)
         token = uuid.uuid4()
         expires = now + timedelta(seconds=lease_seconds(row.channel, get_settings().LEASE_GRACE_SECONDS))
         NotificationEntity.objects.filter(pk=row.pk).update(
