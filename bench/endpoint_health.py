@@ -9,8 +9,8 @@ server unless NR_BENCH_DATABASE_NAME is set):
   time, committing as a running worker does (the send loop's own connection). Printed per trial: the
   calls the receiver got, rows dead-lettered, rows given back untouched, the channel's state, the
   channel-health events.
-* **time to disable a 97 %-failing endpoint on default settings** (``CIRCUIT_FAILURE_THRESHOLD`` 5,
-  ``CIRCUIT_COOLDOWN_SECONDS`` 30, ``HEALTH_MIN_ATTEMPTS`` 50, ``HEALTH_DISABLE_RATIO`` 0.95): ticks on a
+* **time to disable a 97 %-failing endpoint on default settings** (``CIRCUIT_BREAKER`` failure_threshold
+  5, cooldown_seconds 30; ``ENDPOINT_HEALTH`` min_attempts 50, disable_ratio 0.95): ticks on a
   simulated clock (the wall clock and the monotonic one move together between ticks), each tick at the
   moment a looping worker would start it: when its interval ends or the channel's circuit may let a
   probe through, whichever comes first. The calls themselves are real. The receiver fails 97 calls in

@@ -52,7 +52,6 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 NOTIFICATIONS_RETRY: dict[str, object] = {
     "CLOCK": "system",
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-    "WORKER_THREADS": 64,
     # The engine without HTTP (bench.engine_alone): an asynchronous provider that only waits.
     "PROVIDERS": {"bench_sleep": "bench.engine_alone.SleepProvider"},
 }

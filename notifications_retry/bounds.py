@@ -96,36 +96,30 @@ SETTINGS: dict[str, Bound] = {
     "BATCH_SIZE": Bound(1, 1_000_000, integer=True),
     "MAX_DURATION_SECONDS": Bound(0, _DAY, low_open=True),
     "INTERVAL_SECONDS": Bound(0, _DAY, low_open=True),
-    "LOCK_IDLE_SESSION_TIMEOUT_SECONDS": Bound(1, _DAY, integer=True),
-    "CLAIM_CHUNK_SIZE": Bound(1, 10_000, integer=True),
     "LEASE_GRACE_SECONDS": Bound(0, 3_600),
-    "TRANSACTION_TIMEOUT_SECONDS": Bound(1, 3_600),
     "RETRY_AFTER_MAX_SECONDS": Bound(0, RETRY_AFTER_MAX_SECONDS_LIMIT, low_open=True),
-    "JITTER_RATIO": Bound(0, 1, high_open=True),
-    "WORKER_THREADS": Bound(1, 512, integer=True),
     "WORKER_MAX_IN_FLIGHT": Bound(1, 100_000, integer=True),
     "PARTITIONS": Bound(1, 1024, integer=True),
-    "CIRCUIT_FAILURE_THRESHOLD": Bound(1, 10_000, integer=True),
-    "CIRCUIT_COOLDOWN_SECONDS": Bound(0, _DAY, low_open=True),
-    "THROTTLE_DEFAULT_SECONDS": Bound(0, _DAY, low_open=True),
     "DEAD_LETTER_RETENTION_DAYS": Bound(1, 3_650, integer=True),
     "OUTBOX_RETENTION_DAYS": Bound(1, 3_650, integer=True),
-    "BULK_ACTION_CAP": Bound(1, 100_000, integer=True),
-    "HEARTBEAT_MAX_AGE_SECONDS": Bound(0, 7 * _DAY, low_open=True),
-    "OUTBOX_RELAY_BATCH_SIZE": Bound(1, 10_000, integer=True),
-    "OUTBOX_RELAY_INTERVAL_SECONDS": Bound(0, 3_600, low_open=True),
-    "OUTBOX_RELAY_MAX_BACKOFF_SECONDS": Bound(0, _DAY, low_open=True),
-    "BACKLOG_SAMPLE_RETENTION_HOURS": Bound(1, 8_760, integer=True),
     "MAX_PAYLOAD_BYTES": Bound(1_024, 16 * 1024 * 1024, integer=True),
     # Python's json and PostgreSQL's jsonb recurse per level: far below either's limit.
     "MAX_PAYLOAD_DEPTH": Bound(1, 256, integer=True),
-    # At least an hour of window (24 buckets of 150 s), at most 30 days.
-    "HEALTH_WINDOW_SECONDS": Bound(3_600, 30 * _DAY, integer=True),
-    "HEALTH_WARN_RATIO": Bound(0, 1, low_open=True),
-    "HEALTH_DISABLE_RATIO": Bound(0, 1, low_open=True),
-    "HEALTH_MIN_ATTEMPTS": Bound(1, 1_000_000, integer=True),
-    "HEALTH_REENABLE_COOLDOWN_SECONDS": Bound(0, 30 * _DAY, integer=True),
 }
+#: The inner keys of the grouped settings (``conf.GROUPS``), each with its range.
+CIRCUIT_BREAKER: dict[str, Bound] = {
+    "failure_threshold": Bound(1, 10_000, integer=True),
+    "cooldown_seconds": Bound(0, _DAY, low_open=True),
+}
+ENDPOINT_HEALTH: dict[str, Bound] = {
+    # At least an hour of window (24 buckets of 150 s), at most 30 days.
+    "window_seconds": Bound(3_600, 30 * _DAY, integer=True),
+    "warn_ratio": Bound(0, 1, low_open=True),
+    "disable_ratio": Bound(0, 1, low_open=True),
+    "min_attempts": Bound(1, 1_000_000, integer=True),
+    "reenable_cooldown_seconds": Bound(0, 30 * _DAY, integer=True),
+}
+GROUPS: dict[str, dict[str, Bound]] = {"CIRCUIT_BREAKER": CIRCUIT_BREAKER, "ENDPOINT_HEALTH": ENDPOINT_HEALTH}
 #: ``METRICS_PORT`` (when not None) and every value of ``ATTEMPTS_BY_TYPE``.
 METRICS_PORT = Bound(0, 65_535, integer=True)
 #: ``SENT_RETENTION_DAYS`` when not None (None, the default, keeps Sent rows).

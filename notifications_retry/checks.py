@@ -42,7 +42,7 @@ def _settings() -> tuple[RetrySettings | None, list[CheckMessage]]:
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """E001 settings of the wrong type or range; W003/W004 values that work against each other."""
+    """E001 settings of the wrong type or range; W003 values that work against each other."""
     conf, messages = _settings()
     if conf is None or messages:
         return messages
@@ -53,16 +53,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 f"INTERVAL_SECONDS ({conf.INTERVAL_SECONDS:g}): a long tick runs into the next one.",
                 hint="Keep MAX_DURATION_SECONDS well below INTERVAL_SECONDS (defaults: 45 and 60).",
                 id="notifications_retry.W003",
-            )
-        )
-    if conf.HEARTBEAT_MAX_AGE_SECONDS <= conf.INTERVAL_SECONDS:
-        messages.append(
-            Warning(
-                f"NOTIFICATIONS_RETRY: HEARTBEAT_MAX_AGE_SECONDS ({conf.HEARTBEAT_MAX_AGE_SECONDS:g}) is not "
-                f"above INTERVAL_SECONDS ({conf.INTERVAL_SECONDS:g}): a healthy worker looks dead "
-                "between ticks.",
-                hint="Use at least two intervals plus MAX_DURATION_SECONDS (default 180).",
-                id="notifications_retry.W004",
             )
         )
     return messages
@@ -172,9 +162,7 @@ def check_lock_session(
         or connections[alias].vendor != "postgresql"
     ):
         return []  # E005/E002 speak for these
-    lock = AdvisoryLock(
-        conf.LOCK_KEY, using=alias, idle_session_timeout=conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS
-    )
+    lock = AdvisoryLock(conf.LOCK_KEY, using=alias)
     try:
         lock.prove_direct()  # False when unreachable: not a configuration problem of this app
     except LockNotDirect as exc:

@@ -23,6 +23,89 @@ RETRY_AFTER_MAX_SECONDS_LIMIT = bounds.RETRY_AFTER_MAX_SECONDS_LIMIT
 
 
 @dataclasses.dataclass(frozen=True)
+class CircuitBreaker:
+    """``CIRCUIT_BREAKER``: when a failing channel's rows wait, and for how long (docs/settings.md)."""
+
+    #: Consecutive retriable failures of one channel that open its circuit.
+    failure_threshold: int = 5
+    #: How long an open circuit stays open before one trial call is let through.
+    cooldown_seconds: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointHealth:
+    """``ENDPOINT_HEALTH``: when a channel's share of failed calls warns or disables it
+    (docs/operations.md#endpoint-health argues the defaults)."""
+
+    #: The sliding window of the failure ratio, kept in 24 buckets.
+    window_seconds: int = 86_400
+    #: Share of failed calls (with at least ``min_attempts``) that puts a channel in ``warning``.
+    warn_ratio: float = 0.8
+    #: Share of failed calls (with at least ``min_attempts``) that disables a channel.
+    disable_ratio: float = 0.95
+    #: Calls the window must hold before its ratio warns or disables.
+    min_attempts: int = 50
+    #: After an automatic disable, the admin's re-enable is refused for this long.
+    reenable_cooldown_seconds: int = 3600
+
+
+#: The keys whose value is a group of settings tuned together: a dict that merges over the defaults.
+GROUPS: dict[str, type[CircuitBreaker] | type[EndpointHealth]] = {
+    "CIRCUIT_BREAKER": CircuitBreaker,
+    "ENDPOINT_HEALTH": EndpointHealth,
+}
+
+_CONSTANT = "removed: a constant now, {value} ({where})"
+_MOVED = "moved to {group}[{key!r}]"
+#: Keys 0.2.0 removed, and what became of each. Before 1.0 there are no aliases: naming one is refused
+#: (check E001) with this, so that no project runs on a value that is silently ignored.
+REMOVED_KEYS: dict[str, str] = {
+    "COMMIT_THREAD": "removed: outcomes are always committed beside the claims, as a task of the worker's "
+    "send loop (the name was older than the send loop)",
+    "CLAIM_THREAD": "removed: on a backlog of inline rows a second claim is always under way beside the "
+    "first (the name was older than the send loop)",
+    "WORKER_THREADS": "removed: derived, synchronous providers get up to WORKER_MAX_IN_FLIGHT threads, "
+    "each channel's max_concurrency bounding its own calls",
+    "CLAIM_CHUNK_SIZE": _CONSTANT.format(value="500 rows", where="engine.dispatcher.CLAIM_CHUNK_SIZE"),
+    "JITTER_RATIO": _CONSTANT.format(value="0.1", where="delivery.channel_rules.JITTER_RATIO"),
+    "BULK_ACTION_CAP": _CONSTANT.format(value="1000 rows", where="admin.triage_actions.BULK_ACTION_CAP"),
+    "OUTBOX_RELAY_BATCH_SIZE": _CONSTANT.format(
+        value="100 events", where="outbox.relay.OUTBOX_RELAY_BATCH_SIZE; outbox_relay --batch-size"
+    ),
+    "OUTBOX_RELAY_INTERVAL_SECONDS": _CONSTANT.format(
+        value="1 s", where="outbox.relay.OUTBOX_RELAY_INTERVAL_SECONDS; outbox_relay --interval"
+    ),
+    "OUTBOX_RELAY_MAX_BACKOFF_SECONDS": _CONSTANT.format(
+        value="60 s", where="outbox.relay.OUTBOX_RELAY_MAX_BACKOFF_SECONDS"
+    ),
+    "BACKLOG_SAMPLE_RETENTION_HOURS": _CONSTANT.format(
+        value="48 h",
+        where="housekeeping.BACKLOG_SAMPLE_RETENTION_HOURS; notifications_housekeeping --sample-hours",
+    ),
+    "THROTTLE_DEFAULT_SECONDS": _CONSTANT.format(
+        value="60 s", where="engine.feedback.THROTTLE_DEFAULT_SECONDS"
+    ),
+    "LOCK_IDLE_SESSION_TIMEOUT_SECONDS": _CONSTANT.format(
+        value="90 s", where="locks.LOCK_IDLE_SESSION_TIMEOUT_SECONDS"
+    ),
+    "TRANSACTION_TIMEOUT_SECONDS": _CONSTANT.format(
+        value="30 s", where="delivery.session.TRANSACTION_TIMEOUT_SECONDS"
+    ),
+    "HEARTBEAT_MAX_AGE_SECONDS": "removed: derived, max(180, 2 * INTERVAL_SECONDS + MAX_DURATION_SECONDS) "
+    "(conf.heartbeat_max_age; retry_worker --check --max-age still overrides it)",
+    "CIRCUIT_FAILURE_THRESHOLD": _MOVED.format(group="CIRCUIT_BREAKER", key="failure_threshold"),
+    "CIRCUIT_COOLDOWN_SECONDS": _MOVED.format(group="CIRCUIT_BREAKER", key="cooldown_seconds"),
+    "HEALTH_WINDOW_SECONDS": _MOVED.format(group="ENDPOINT_HEALTH", key="window_seconds"),
+    "HEALTH_WARN_RATIO": _MOVED.format(group="ENDPOINT_HEALTH", key="warn_ratio"),
+    "HEALTH_DISABLE_RATIO": _MOVED.format(group="ENDPOINT_HEALTH", key="disable_ratio"),
+    "HEALTH_MIN_ATTEMPTS": _MOVED.format(group="ENDPOINT_HEALTH", key="min_attempts"),
+    "HEALTH_REENABLE_COOLDOWN_SECONDS": _MOVED.format(
+        group="ENDPOINT_HEALTH", key="reenable_cooldown_seconds"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class RetrySettings:
     """Every key of ``NOTIFICATIONS_RETRY`` with its default (docs/settings.md); the keys are public
     (docs/contract.md)."""
@@ -32,23 +115,14 @@ class RetrySettings:
     INTERVAL_SECONDS: float = 60.0
     LOCK_KEY: str = "notifications:retry-worker"
     LOCK_DATABASE_ALIAS: str = "default"
-    LOCK_IDLE_SESSION_TIMEOUT_SECONDS: int = 90
     LOCK_DATABASE_POOLED: bool = False
-    CLAIM_CHUNK_SIZE: int = 500
     LEASE_GRACE_SECONDS: float = 30.0
-    TRANSACTION_TIMEOUT_SECONDS: float = 30.0
-    JITTER_RATIO: float = 0.1
     CLOCK: str = "database"
-    WORKER_THREADS: int = 32
     # A call holds its place until its outcome is committed (engine.in_flight): about a batch delay and a
     # commit after it ends. Room for a channel at max_concurrency 128 and its outcomes in that window.
     WORKER_MAX_IN_FLIGHT: int = 512
     PARTITIONS: int = 1
-    COMMIT_THREAD: bool = True
-    CLAIM_THREAD: bool = True
-    CIRCUIT_FAILURE_THRESHOLD: int = 5
-    CIRCUIT_COOLDOWN_SECONDS: float = 30.0
-    THROTTLE_DEFAULT_SECONDS: float = 60.0
+    CIRCUIT_BREAKER: CircuitBreaker = dataclasses.field(default_factory=lambda: CircuitBreaker())
     ATTEMPTS_BY_TYPE: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Tenant id (or "*": every other tenant, the null one included) -> sends a second on each channel
     # (None for a named tenant: no limit).
@@ -61,32 +135,29 @@ class RetrySettings:
     PROVIDERS: Mapping[str, str] = dataclasses.field(default_factory=dict)
     WEBHOOK_ALLOWED_HOSTS: tuple[str, ...] = ()
     RETRY_AFTER_MAX_SECONDS: float = 3600.0
-    BULK_ACTION_CAP: int = 1000
     METRICS_PORT: int | None = None
-    HEARTBEAT_MAX_AGE_SECONDS: float = 180.0
     # Outbox relay and housekeeping (docs/events.md).
     OUTBOX_PUBLISHER: str = "log"
     OUTBOX_PUBLISHER_OPTIONS: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    OUTBOX_RELAY_BATCH_SIZE: int = 100
-    OUTBOX_RELAY_INTERVAL_SECONDS: float = 1.0
-    OUTBOX_RELAY_MAX_BACKOFF_SECONDS: float = 60.0
-    BACKLOG_SAMPLE_RETENTION_HOURS: int = 48
     # Suppression reason -> days a suppression lasts after its last report; a reason not named never
     # expires (docs/suppression.md).
     SUPPRESSION_RETENTION_DAYS: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Endpoint health (docs/operations.md#endpoint-health): the defaults are argued there.
-    HEALTH_WINDOW_SECONDS: int = 86_400
-    HEALTH_WARN_RATIO: float = 0.8
-    HEALTH_DISABLE_RATIO: float = 0.95
-    HEALTH_MIN_ATTEMPTS: int = 50
-    HEALTH_REENABLE_COOLDOWN_SECONDS: int = 3600
+    ENDPOINT_HEALTH: EndpointHealth = dataclasses.field(default_factory=lambda: EndpointHealth())
     # What the public API accepts (docs/settings.md#what-the-api-accepts).
     MAX_PAYLOAD_BYTES: int = bounds.DEFAULT_MAX_PAYLOAD_BYTES
     MAX_PAYLOAD_DEPTH: int = bounds.DEFAULT_MAX_PAYLOAD_DEPTH
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> RetrySettings:
-        """Build the settings object, refusing unknown keys so typos do not pass silently."""
+        """Build the settings object, refusing unknown keys so typos do not pass silently, and removed
+        keys naming what became of each; a group's dict merges over its defaults."""
+        removed = [key for key in raw if key in REMOVED_KEYS]
+        if removed:
+            raise ImproperlyConfigured(
+                f"{SETTINGS_NAME} has key(s) removed in 0.2.0 (docs/upgrading.md): "
+                + "; ".join(f"{key}: {REMOVED_KEYS[key]}" for key in removed)
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -103,7 +174,40 @@ class RetrySettings:
                     f"{SETTINGS_NAME}['WEBHOOK_ALLOWED_HOSTS'] must be a list of host names, got {hosts!r}"
                 )
             values["WEBHOOK_ALLOWED_HOSTS"] = tuple(hosts)
+        for name, group in GROUPS.items():
+            if name in values:
+                values[name] = _group(name, group, values[name])
         return cls(**values)
+
+
+def _group(name: str, group: type[CircuitBreaker] | type[EndpointHealth], value: object) -> Any:
+    """A group's dict over its defaults: the keys it names replace theirs, an unknown key is refused."""
+    if isinstance(value, group):
+        return value
+    inner = [f.name for f in dataclasses.fields(group)]
+    if not isinstance(value, Mapping):
+        raise ImproperlyConfigured(
+            f"{SETTINGS_NAME}['{name}'] must be a dict with any of the keys {', '.join(inner)}, got {value!r}"
+        )
+    unknown = [key for key in value if key not in inner]
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{SETTINGS_NAME}['{name}'] has unknown key(s): {', '.join(map(repr, unknown))}; "
+            f"known keys: {', '.join(inner)}"
+        )
+    return group(**value)
+
+
+def heartbeat_max_age(conf: RetrySettings) -> float:
+    """Seconds after which a lane's last completed tick is too old: its worker is reported unhealthy
+    (``retry_worker --check``, the admin dashboard). Two intervals and a tick's longest run, so a
+    worker that missed one tick is not yet called dead; never under 180 s, so a short interval does not
+    turn a pause (a slow database, a garbage collection, a deploy) into a restart."""
+    return max(HEARTBEAT_MAX_AGE_FLOOR_SECONDS, 2 * conf.INTERVAL_SECONDS + conf.MAX_DURATION_SECONDS)
+
+
+#: The least :func:`heartbeat_max_age`: three intervals of the default 60 s, the alert's window too.
+HEARTBEAT_MAX_AGE_FLOOR_SECONDS = 180.0
 
 
 def settings_problems(conf: RetrySettings) -> list[str]:
@@ -115,6 +219,12 @@ def settings_problems(conf: RetrySettings) -> list[str]:
         problem = bound.problem(name, getattr(conf, name))
         if problem:
             problems.append(problem)
+    for group, inner in bounds.GROUPS.items():
+        values = getattr(conf, group)
+        for key, bound in inner.items():
+            problem = bound.problem(f"{group}[{key!r}]", getattr(values, key))
+            if problem:
+                problems.append(problem)
     if conf.CLOCK not in ("database", "system"):
         problems.append(f"CLOCK must be 'database' or 'system', got {conf.CLOCK!r}")
     if not isinstance(conf.LOCK_KEY, str) or not conf.LOCK_KEY:
@@ -143,9 +253,6 @@ def settings_problems(conf: RetrySettings) -> list[str]:
                 )
                 return problems
         problems.extend(share_problems(conf.LANES))
-    for name in ("COMMIT_THREAD", "CLAIM_THREAD"):
-        if not isinstance(getattr(conf, name), bool):
-            problems.append(f"{name} must be True or False, got {getattr(conf, name)!r}")
     if not isinstance(conf.LOCK_DATABASE_POOLED, bool):
         problems.append(f"LOCK_DATABASE_POOLED must be True or False, got {conf.LOCK_DATABASE_POOLED!r}")
     if not all(isinstance(host, str) and host for host in conf.WEBHOOK_ALLOWED_HOSTS):

@@ -1,16 +1,17 @@
 """Endpoint health as one pure decision: a channel's window of attempts in, its next state out.
 
 Nothing here reads the database, the clock or the settings: :mod:`notifications_retry.delivery.health`
-gathers the counts and applies what :func:`assess` says. The states: ``ok``; ``warning`` once the
-share of failed calls in the window reaches ``HEALTH_WARN_RATIO``; ``disabled`` once it reaches
-``HEALTH_DISABLE_RATIO`` with at least ``HEALTH_MIN_ATTEMPTS`` calls in the window, or at once when the
-endpoint answers ``410 Gone`` (the Standard Webhooks spec: the receiver says it will never want more).
+gathers the counts and applies what :func:`assess` says. The states: ``ok``; ``warning`` once the share of
+failed calls in the window reaches ``ENDPOINT_HEALTH["warn_ratio"]``; ``disabled`` once it reaches
+``ENDPOINT_HEALTH["disable_ratio"]`` with at least ``ENDPOINT_HEALTH["min_attempts"]`` calls in the
+window, or at once when the endpoint answers ``410 Gone`` (the Standard Webhooks spec: the receiver says
+it will never want more).
 
-With its circuit open, a channel makes one call (its breaker's probe) every ``CIRCUIT_COOLDOWN_SECONDS``
-however many rows wait: the window of an endpoint that fails every call would fill to
-``HEALTH_MIN_ATTEMPTS`` only after about 20 minutes (50 calls, one every 30 s). So a probe that fails
-once the circuit has been open (no success since it opened) for :data:`PROBING_SPAN_SECONDS` is judged
-on the calls the breaker lets through in that time (:func:`probing_minimum`: 10 on defaults), when
+With its circuit open, a channel makes one call (its breaker's probe) every
+``CIRCUIT_BREAKER["cooldown_seconds"]`` however many rows wait: the window of an endpoint that fails every
+call would fill to ``min_attempts`` only after about 20 minutes (50 calls, one every 30 s). So a probe
+that fails once the circuit has been open (no success since it opened) for :data:`PROBING_SPAN_SECONDS` is
+judged on the calls the breaker lets through in that time (:func:`probing_minimum`: 10 on defaults), when
 that is fewer. A short outage, or one success, keeps the usual minimum.
 """
 
@@ -47,16 +48,15 @@ class Thresholds:
     @classmethod
     def of(cls, conf: Any) -> Thresholds:
         """From a :class:`~notifications_retry.conf.RetrySettings`."""
-        min_attempts = int(conf.HEALTH_MIN_ATTEMPTS)
+        health, breaker = conf.ENDPOINT_HEALTH, conf.CIRCUIT_BREAKER
+        min_attempts = int(health.min_attempts)
         return cls(
-            float(conf.HEALTH_WARN_RATIO),
-            float(conf.HEALTH_DISABLE_RATIO),
+            float(health.warn_ratio),
+            float(health.disable_ratio),
             min_attempts,
-            int(conf.HEALTH_WINDOW_SECONDS),
-            int(conf.HEALTH_REENABLE_COOLDOWN_SECONDS),
-            probing_minimum(
-                min_attempts, int(conf.CIRCUIT_FAILURE_THRESHOLD), float(conf.CIRCUIT_COOLDOWN_SECONDS)
-            ),
+            int(health.window_seconds),
+            int(health.reenable_cooldown_seconds),
+            probing_minimum(min_attempts, int(breaker.failure_threshold), float(breaker.cooldown_seconds)),
         )
 
     def needed(self, window: Window) -> int:
@@ -134,14 +134,14 @@ def assess(state: str, window: Window, limits: Thresholds) -> Transition | None:
             f", its circuit open for {window.circuit_open_for / 60:.1f} min (judged from {needed} calls)"
         )
     enough = window.attempts >= needed
+    disable = f"ENDPOINT_HEALTH['disable_ratio'] {limits.disable_ratio:.0%}"
+    warn = f"ENDPOINT_HEALTH['warn_ratio'] {limits.warn_ratio:.0%}"
     if enough and ratio >= limits.disable_ratio:
-        return Transition(
-            DISABLED, f"{described}: at or past HEALTH_DISABLE_RATIO {limits.disable_ratio:.0%}"
-        )
+        return Transition(DISABLED, f"{described}: at or past {disable}")
     if enough and ratio >= limits.warn_ratio and state == OK:
-        return Transition(WARNING, f"{described}: at or past HEALTH_WARN_RATIO {limits.warn_ratio:.0%}")
+        return Transition(WARNING, f"{described}: at or past {warn}")
     if state == WARNING and ratio < limits.warn_ratio:
-        return Transition(OK, f"{described}: back under HEALTH_WARN_RATIO {limits.warn_ratio:.0%}")
+        return Transition(OK, f"{described}: back under {warn}")
     return None
 
 

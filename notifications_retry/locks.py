@@ -24,6 +24,12 @@ logger = logging.getLogger(__name__)
 
 LOCK_APPLICATION_NAME = "notifications_retry lock"
 
+#: The lock session's ``idle_session_timeout``: the server closes a hung owner's session, and so frees
+#: its lock for a standby, within this time. A live worker's lock session is never idle that long (it
+#: asks for the next due time at least every few seconds), and a standby takes over a hung owner's
+#: rows within a minute and a half.
+LOCK_IDLE_SESSION_TIMEOUT_SECONDS = 90
+
 #: PgBouncer's answer to a startup parameter it does not pass on (``options`` carries our settings).
 _POOLER_STARTUP_REFUSAL = "unsupported startup parameter"
 
@@ -126,7 +132,13 @@ def direct_session_pid(
 class AdvisoryLock:
     """``pg_try_advisory_lock(hashtextextended(name, 0))`` held on a direct connection of its own."""
 
-    def __init__(self, name: str, *, using: str = "default", idle_session_timeout: int = 90) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        using: str = "default",
+        idle_session_timeout: int = LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+    ) -> None:
         self.name = name
         self.using = using
         self.idle_session_timeout = int(idle_session_timeout)

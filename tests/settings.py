@@ -74,3 +74,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast has
 # The process test of a frozen worker: it stops itself inside its first finalize transaction.
 if os.environ.get("NR_TEST_FREEZE_IN_FINALIZE"):
     INSTALLED_APPS.append("tests.support.freeze_in_finalize.FreezeInFinalizeConfig")
+# A worker subprocess of a scenario written around a shorter internal bound sets that constant.
+if os.environ.get("NR_TEST_CONSTANTS_JSON"):
+    INSTALLED_APPS.append("tests.support.patched_constants.PatchedConstantsConfig")

@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from notifications_retry.clock import default_clock
-from notifications_retry.conf import get_settings
+from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat
 from notifications_retry.observability import health
 
@@ -83,6 +83,7 @@ def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[s
         BacklogSample.objects.filter(taken_at__gte=now - span, taken_at__lte=now).order_by("taken_at")
     )
     heartbeats = []
+    max_age = heartbeat_max_age(conf)
     for beat in WorkerHeartbeat.objects.order_by("lane"):
         last = beat.last_tick_completed_at or beat.last_tick_started_at
         age = (now - last).total_seconds() if last else None
@@ -92,7 +93,7 @@ def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[s
                 "host": beat.hostname,
                 "pid": beat.pid,
                 "age": format_age(age) if age is not None else "never",
-                "stale": age is None or age > conf.HEARTBEAT_MAX_AGE_SECONDS,
+                "stale": age is None or age > max_age,
                 "stats": beat.last_tick_stats,
             }
         )

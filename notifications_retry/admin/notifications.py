@@ -14,7 +14,6 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from notifications_retry.conf import get_settings
 from notifications_retry.models import DeliveryStatus, NotificationEntity, Outbox
 from notifications_retry.observability.masking import mask_recipient
 
@@ -32,7 +31,7 @@ from .filters import (
 )
 from .recovery import start_url_for_list
 from .timeline import timeline
-from .triage_actions import TriageActions
+from .triage_actions import BULK_ACTION_CAP, TriageActions
 
 VIEW_RECIPIENT_PERM = f"{NotificationEntity._meta.app_label}.view_recipient"
 
@@ -325,7 +324,7 @@ class NotificationEntityAdmin(TriageActions):
             self.refuse_forbidden_actions(request)
         context = {
             "dashboard_url": reverse("admin:notifications_retry_notificationentity_dashboard"),
-            "bulk_action_cap": get_settings().BULK_ACTION_CAP,
+            "bulk_action_cap": BULK_ACTION_CAP,
             # Past the cap: the same filter as a background recovery job (admin/recovery.py).
             "recovery_url": start_url_for_list(request.GET.dict())
             if self.has_requeue_permission(request)

@@ -1,8 +1,9 @@
 """Recovery jobs in the admin: start one from the notification list's filter, watch its progress, cancel it.
 
-The synchronous bulk actions keep ``BULK_ACTION_CAP``; a recovery job has none: it runs in the background
-(``manage.py notifications_recover --work``), chunk by chunk. Starting and cancelling need the requeue
-permission and go through :mod:`notifications_retry.delivery.recovery`, like the command.
+The synchronous bulk actions keep their cap (``triage_actions.BULK_ACTION_CAP``); a recovery job has none:
+it runs in the background (``manage.py notifications_recover --work``), chunk by chunk. Starting and
+cancelling need the requeue permission and go through :mod:`notifications_retry.delivery.recovery`, like
+the command.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from notifications_retry.models import ChannelConfig, RecoveryJob
 from notifications_retry.recovery_filter import RecoveryInputError, parse_moment, recovery_filter
 
 from . import display
-from .triage_actions import REQUEUE_PERM
+from .triage_actions import BULK_ACTION_CAP, REQUEUE_PERM
 
 CANCEL_PERM = f"{RecoveryJob._meta.app_label}.cancel_recoveryjob"
 
@@ -285,6 +286,7 @@ class RecoveryJobAdmin(RecoveryJobAdminBase):
             "matching": matching,
             "conflict": conflict,
             "ignored": [p for p in request.GET.get("ignored", "").split(",") if p],
+            "cap": BULK_ACTION_CAP,
         }
         return TemplateResponse(request, "notifications_retry/admin/recovery_start.html", context)
 

@@ -158,7 +158,7 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
     yield Statement(_UPSERT, {"rows": json_document(rows), "start": start}, rows=False)
     since = now - timedelta(seconds=limits.window_seconds)
     # Every channel the batch called, not only those that failed in it: a batch of successes can bring
-    # a window of earlier failures to HEALTH_MIN_ATTEMPTS, and the share is then judged, as documented.
+    # a window of earlier failures to its min_attempts, and the share is then judged, as documented.
     # The sum reads at most one window's buckets a channel, in the round trip the batch makes anyway.
     sums = yield Statement(_WINDOW, {"since": since, "ids": list(counts)})
     changes: list[HealthChange] = []
@@ -175,7 +175,8 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
 
 
 def prune_buckets(*, now: datetime) -> int:
-    """Delete the buckets wholly before the health window (``HEALTH_WINDOW_SECONDS``): no sum reads them."""
+    """Delete the buckets wholly before the health window (``ENDPOINT_HEALTH["window_seconds"]``): no sum
+    reads them."""
     limits = Thresholds.of(get_settings())
     since = health_rules.bucket_start(now - timedelta(seconds=limits.window_seconds), limits)
     deleted, _ = ChannelHealthBucket.objects.filter(bucket_start__lt=since).delete()
@@ -280,7 +281,7 @@ def reenable(channel_id: int, *, actor: str, reason: str = "", now: datetime) ->
     """Re-enable a channel the health check disabled: audited, not before the cooldown has passed.
 
     The window starts afresh, so the failures that disabled it no longer count: disabling it again
-    takes ``HEALTH_MIN_ATTEMPTS`` new calls failing past the ratio (or another 410).
+    takes ``ENDPOINT_HEALTH["min_attempts"]`` new calls failing past the ratio (or another 410).
     """
     limits = Thresholds.of(get_settings())
     with transaction.atomic():
@@ -292,7 +293,7 @@ def reenable(channel_id: int, *, actor: str, reason: str = "", now: datetime) ->
             raise HealthCooldown(
                 f"channel {channel.key} was disabled automatically at {channel.health_changed_at:%H:%M:%S} "
                 f"UTC; it may be re-enabled in {int(wait // 60)} min {int(wait % 60)} s "
-                "(HEALTH_REENABLE_COOLDOWN_SECONDS)"
+                "(ENDPOINT_HEALTH['reenable_cooldown_seconds'])"
             )
         text = f"re-enabled by {actor}" + (f": {reason}" if reason else "")
         entry = change(channel.pk, DISABLED, Transition(OK, text), now, actor=actor)

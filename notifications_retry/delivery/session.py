@@ -3,7 +3,7 @@
 A worker process that freezes (SIGSTOP, a debugger, a VM paused) while one of its transactions is
 open would hold that transaction's row locks for as long as it is frozen: the monolith's own updates
 of those rows would wait. ``idle_in_transaction_session_timeout`` makes the server end such a
-transaction (and its session) after ``TRANSACTION_TIMEOUT_SECONDS``; ``statement_timeout`` bounds a
+transaction (and its session) after :data:`TRANSACTION_TIMEOUT_SECONDS`; ``statement_timeout`` bounds a
 statement stuck behind a lock the same way. ``SET LOCAL`` (``set_config(..., true)``) keeps both to the
 transaction itself: a connection pool or PgBouncer hands the session on with its own settings.
 """
@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, connections
 
-from notifications_retry.conf import get_settings
 from notifications_retry.delivery.statements import Statement, Steps
 from notifications_retry.tcp_settings import TCP_SETTINGS
 
@@ -40,6 +39,12 @@ def bound_connections(*aliases: str) -> None:
             wrapper.close()
 
 
+#: The longest one of the worker's own transactions (claim, commit of outcomes, release, the heartbeat's
+#: update) may stay idle or run one statement. Its statements take milliseconds: 30 s is far past any
+#: of them on a loaded server, and short enough that a frozen worker's row locks never hold the
+#: monolith's updates of those rows for long.
+TRANSACTION_TIMEOUT_SECONDS = 30.0
+
 # JIT off too: these transactions run short statements, and a recursive query's rough estimates (the
 # claim's walk over tenants) could pass jit_above_cost and spend 100 ms compiling a 2 ms statement.
 BOUND_SQL = (
@@ -54,8 +59,8 @@ def bound_transaction(cursor: Any) -> None:
 
 
 def bound_params() -> dict[str, str]:
-    """The parameters of :data:`BOUND_SQL`: the bound, from ``TRANSACTION_TIMEOUT_SECONDS``."""
-    return {"ms": f"{int(get_settings().TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"}
+    """The parameters of :data:`BOUND_SQL`: the bound, :data:`TRANSACTION_TIMEOUT_SECONDS`."""
+    return {"ms": f"{int(TRANSACTION_TIMEOUT_SECONDS * 1000)}ms"}
 
 
 _T = TypeVar("_T")

@@ -85,8 +85,8 @@ class ChannelRuntime:
         self.rate_limit = rate_limit
         self.limiter = RateLimiter(rate_limit)
         self.breaker = CircuitBreaker(
-            conf.CIRCUIT_FAILURE_THRESHOLD,
-            conf.CIRCUIT_COOLDOWN_SECONDS,
+            conf.CIRCUIT_BREAKER.failure_threshold,
+            conf.CIRCUIT_BREAKER.cooldown_seconds,
             on_change=functools.partial(_circuit_changed, config.key),
         )
         #: Spreads the starts of a channel sent on the send loop (engine.flow_control).

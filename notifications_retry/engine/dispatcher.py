@@ -53,6 +53,18 @@ COLLECT_DELAY_SECONDS = 0.002
 #: How often, at most, a claim is preceded by a check that the cycle's lock is still ours. Losing it
 #: late costs nothing worse than a second owner's SKIP LOCKED claims and token-guarded finalizes.
 LOCK_CHECK_SECONDS = 0.5
+#: Rows one claim transaction takes at most (and one commit of outcomes writes), never more than the
+#: tick's batch. It matters for inline channels (``in_app``, ``stub``), whose rows are settled inside
+#: their claim, and for a burst of outcomes: each transaction has a fixed cost (statements planned, round
+#: trips, a commit), so a backlog drains faster in bigger chunks, while 500 keeps one transaction's row
+#: locks and statement short; a webhook or email channel claims by its ``max_concurrency`` instead, and a
+#: claim also stops at about 16 MiB of payloads (delivery.claim), so memory does not follow it.
+CLAIM_CHUNK_SIZE = 500
+
+
+def chunk_size(batch_size: int) -> int:
+    """Rows one claim (or one commit of outcomes) takes in a tick of ``batch_size``: the chunk, or less."""
+    return max(1, min(CLAIM_CHUNK_SIZE, batch_size))
 
 
 class Dispatcher:
@@ -101,7 +113,7 @@ class Dispatcher:
         self.abandoned = False
         #: Whether the tick still owns the cycle: asked before every new provider call.
         self.ownership: Ownership | None = None
-        self.feedback = FlowFeedback(conf, monotonic, None)
+        self.feedback = FlowFeedback(monotonic, None)
         #: Claimed records given back unsent (a stop, a lost lock, a circuit opened, a throttle).
         self.give_back = GiveBack(
             db,
@@ -144,7 +156,7 @@ class Dispatcher:
         lock_checked_at = self.monotonic()
         ownership = self.ownership = Ownership(self.monotonic, lock.idle_session_timeout)
         ownership.begin(lock_checked_at)  # the tick took the lock just now
-        chunk = max(1, min(self.conf.CLAIM_CHUNK_SIZE, batch_size))
+        chunk = chunk_size(batch_size)
         self.abandoned = False
         # No call may outlive its timeout and the executor's grace (the one grace after a timeout, so
         # the executor's own timeout outcome always comes first): past that (a provider that ignores

@@ -8,11 +8,14 @@ from typing import Any
 
 import structlog
 
-from notifications_retry.conf import RetrySettings
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
+
+#: How long a channel pauses after the provider throttles it (HTTP 429) without saying how long
+#: (no ``Retry-After``): a minute, the window most providers' rate limits count in.
+THROTTLE_DEFAULT_SECONDS = 60.0
 
 
 class FlowFeedback:
@@ -22,8 +25,7 @@ class FlowFeedback:
     returns the queued records the channel must not send now (they are given back or rescheduled).
     """
 
-    def __init__(self, conf: RetrySettings, monotonic: Callable[[], float], bound: Any) -> None:
-        self.conf = conf
+    def __init__(self, monotonic: Callable[[], float], bound: Any) -> None:
         self.monotonic = monotonic
         self.bound = bound
 
@@ -35,7 +37,7 @@ class FlowFeedback:
             rt.breaker.success()
             return []
         if throttles(outcome):
-            pause = outcome.retry_after or self.conf.THROTTLE_DEFAULT_SECONDS
+            pause = outcome.retry_after or THROTTLE_DEFAULT_SECONDS
             if now_mono + pause > rt.paused_until:
                 rt.paused_until, rt.paused_at = now_mono + pause, now_mono
             rt.breaker.neutral()

@@ -1,7 +1,7 @@
 """Commits on the send loop: the completer's rule as a task of the worker's loop, on a connection of its own.
 
-A running worker commits its outcomes beside its claims (``COMMIT_THREAD``): on the worker's thread,
-between claims, a commit (about 30 ms for a batch at high concurrency) made every claim behind it
+A running worker commits its outcomes beside its claims. On the worker's thread, between claims, a
+commit (about 30 ms for a batch at high concurrency) made every claim behind it
 wait, so the calls in flight drained while nothing new was claimed. Here the commits are one task of
 the send loop (:class:`~notifications_retry.asyncio_bridge.SteppedLoop`), awaited on an asynchronous
 psycopg connection of their own (engine.loop_connection): they progress whenever the worker waits

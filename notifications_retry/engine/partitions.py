@@ -31,7 +31,7 @@ import psycopg
 
 from notifications_retry.conf import RetrySettings
 from notifications_retry.lanes import DEFAULT_LANE
-from notifications_retry.locks import AdvisoryLock, LockNotDirect
+from notifications_retry.locks import LOCK_IDLE_SESSION_TIMEOUT_SECONDS, AdvisoryLock, LockNotDirect
 
 #: Between ticks, how often a worker short of its fair share tries again to take free partitions.
 RETRY_SECONDS = 2.0
@@ -74,11 +74,11 @@ def lane_lock(conf: RetrySettings, lane: str, rng: random.Random) -> AdvisoryLoc
     single worker always had it. More: a lock per partition, and workers share the lane's rows by
     partition (``rng`` picks the partition a worker tries first, so workers starting together spread)."""
     name = conf.LOCK_KEY if lane == DEFAULT_LANE else f"{conf.LOCK_KEY}:{lane}"
-    using, idle = conf.LOCK_DATABASE_ALIAS, conf.LOCK_IDLE_SESSION_TIMEOUT_SECONDS
+    using = conf.LOCK_DATABASE_ALIAS
     if conf.PARTITIONS == 1:
-        return AdvisoryLock(name, using=using, idle_session_timeout=idle)
+        return AdvisoryLock(name, using=using)
     partitions, first = conf.PARTITIONS, rng.randrange(conf.PARTITIONS)
-    return PartitionLock(name, partitions=partitions, using=using, idle_session_timeout=idle, first=first)
+    return PartitionLock(name, partitions=partitions, using=using, first=first)
 
 
 class PartitionLock(AdvisoryLock):
@@ -96,7 +96,7 @@ class PartitionLock(AdvisoryLock):
         *,
         partitions: int,
         using: str = "default",
-        idle_session_timeout: int = 90,
+        idle_session_timeout: int = LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
         first: int = 0,
     ) -> None:
         super().__init__(name, using=using, idle_session_timeout=idle_session_timeout)

@@ -33,7 +33,7 @@ from notifications_retry.engine.bookkeeping import Bookkeeping
 from notifications_retry.engine.channel_set import ChannelSet
 from notifications_retry.engine.claiming import ClaimConnection
 from notifications_retry.engine.completer import Commits, Completer, commit_in_hand
-from notifications_retry.engine.dispatcher import Dispatcher
+from notifications_retry.engine.dispatcher import Dispatcher, chunk_size
 from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.loop_completer import LoopCompleter
@@ -142,27 +142,26 @@ class Worker:
             rng=self.rng,
             monotonic=monotonic,
             attempts_by_type=conf.ATTEMPTS_BY_TYPE,
-            threads=conf.WORKER_THREADS,
+            # A synchronous provider's call holds a thread while in flight, and the cap already bounds
+            # the calls in flight (each channel's max_concurrency its own): a thread for each place.
+            # The pool starts a thread only when no idle one is left, so unused places cost nothing.
+            threads=self.max_in_flight,
         )
         completer = Completer(
             clock=self.clock,
             monotonic=monotonic,
             on_report=self.reporter.report,
-            max_batch=max(1, min(conf.CLAIM_CHUNK_SIZE, self.batch_size)),
+            max_batch=chunk_size(self.batch_size),
             slots=cap,
         )
         # Commits and a second claimer run beside the claims, each on a connection of its own — unless
         # this thread is inside a transaction (a test's), whose rows no other connection can see.
         beside = not connection.in_atomic_block
-        self.completer: Commits = (
-            LoopCompleter(completer, self._send_loop) if conf.COMMIT_THREAD and beside else completer
-        )
+        self.completer: Commits = LoopCompleter(completer, self._send_loop) if beside else completer
         #: Where the claims run (engine.claiming), kept from tick to tick; and the claim beside them on
         #: a backlog of inline rows, opened when one comes and closed at the end of its tick.
         self.claim_connection = ClaimConnection(self._send_loop) if beside else None
-        self.beside_connection = (
-            ClaimConnection(self._send_loop, role="claims-beside") if conf.CLAIM_THREAD and beside else None
-        )
+        self.beside_connection = ClaimConnection(self._send_loop, role="claims-beside") if beside else None
         self.dispatcher = Dispatcher(
             conf=conf,
             executor=self.executor,

@@ -14,7 +14,7 @@ from datetime import datetime
 from django.db import DatabaseError
 
 from notifications_retry.clock import Clock, default_clock
-from notifications_retry.conf import get_settings
+from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.lanes import DEFAULT_LANE
 from notifications_retry.models import WorkerHeartbeat
 from notifications_retry.observability.heartbeat_file import read_age
@@ -43,10 +43,11 @@ def check_liveness(
     lane: str | None = None, max_age: float | None = None, clock: Clock | None = None
 ) -> Liveness:
     """Unhealthy when the lane never completed a tick, or its last completed tick is older than
-    ``max_age`` seconds (default ``HEARTBEAT_MAX_AGE_SECONDS``), or the database cannot be read."""
+    ``max_age`` seconds (default :func:`~notifications_retry.conf.heartbeat_max_age`), or the database
+    cannot be read."""
     conf = get_settings()
     lane = lane or DEFAULT_LANE
-    limit = float(max_age if max_age is not None else conf.HEARTBEAT_MAX_AGE_SECONDS)
+    limit = float(max_age if max_age is not None else heartbeat_max_age(conf))
     try:
         clock = clock or default_clock(conf.CLOCK)
         now = clock.now()
@@ -82,9 +83,9 @@ def check_process_liveness(
     path: str, lane: str | None = None, max_age: float | None = None, now: float | None = None
 ) -> Liveness:
     """Unhealthy when the worker process writing ``path`` (``retry_worker --heartbeat-file``) has not
-    written it for ``max_age`` seconds (default ``HEARTBEAT_MAX_AGE_SECONDS``), or never did. ``now``:
-    wall time, the writer's own clock (the same host's)."""
-    limit = float(max_age if max_age is not None else get_settings().HEARTBEAT_MAX_AGE_SECONDS)
+    written it for ``max_age`` seconds (default :func:`~notifications_retry.conf.heartbeat_max_age`), or
+    never did. ``now``: wall time, the writer's own clock (the same host's)."""
+    limit = float(max_age if max_age is not None else heartbeat_max_age(get_settings()))
     lane = lane or DEFAULT_LANE
     try:
         age, body = read_age(path, time.time() if now is None else now)

@@ -53,6 +53,16 @@ HEARTBEAT_NAME = "outbox-relay"
 
 #: First half of the two-int advisory-lock key of every outbox key ("nrob"): apart from other locks.
 LOCK_CLASS = 0x6E726F62
+#: Events one batch claims and publishes; they are marked published together after it, so a crash
+#: publishes at most this many again; 100 keeps a batch's key locks and its marking short statements
+#: (``outbox_relay --batch-size`` sets it for that process).
+OUTBOX_RELAY_BATCH_SIZE = 100
+#: The relay's pause once the outbox is drained: an event is published about this long after it is
+#: written (``outbox_relay --interval``; a worker relays after each tick too).
+OUTBOX_RELAY_INTERVAL_SECONDS = 1.0
+#: The longest pause while the publisher's endpoint is down (the pause doubles from the interval up to
+#: this): a broker that comes back is used within a minute, and one that stays away costs a try a minute.
+OUTBOX_RELAY_MAX_BACKOFF_SECONDS = 60.0
 #: The most often the outbox gauges are read (about a scrape interval).
 GAUGE_SECONDS = 10.0
 #: In ``retry_worker``: the most one turn of its loop spends relaying (its database steps: claim, key
@@ -183,9 +193,9 @@ class Relay:
         #: (``outbox_relay --check --heartbeat-file``) reads it.
         self.heartbeat = HeartbeatFile(heartbeat_file, lane=HEARTBEAT_NAME) if heartbeat_file else None
         self.wall = wall
-        self.batch_size = batch_size or conf.OUTBOX_RELAY_BATCH_SIZE
-        self.interval = conf.OUTBOX_RELAY_INTERVAL_SECONDS if interval is None else interval
-        self.max_backoff = conf.OUTBOX_RELAY_MAX_BACKOFF_SECONDS if max_backoff is None else max_backoff
+        self.batch_size = batch_size or OUTBOX_RELAY_BATCH_SIZE
+        self.interval = OUTBOX_RELAY_INTERVAL_SECONDS if interval is None else interval
+        self.max_backoff = OUTBOX_RELAY_MAX_BACKOFF_SECONDS if max_backoff is None else max_backoff
         self.clock = clock or default_clock(conf.CLOCK)
         self.locks = locks if locks is not None else KeyLocks(conf.LOCK_DATABASE_ALIAS)
         self.monotonic = monotonic

@@ -15,13 +15,13 @@ statement. ``make faults`` runs it (root, ``ip netns``; skipped otherwise).
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 import time
 
 import pytest
 
-from notifications_retry.conf import RetrySettings
+from notifications_retry.delivery import session
 from tests.faults.conftest import NOT_SENT, StartWorker, not_sent, seed_webhook_drain, stop_and_count
 from tests.faults.sampler import ServerSampler
 from tests.faults.servers import NamespacedCluster, Receiver, Request
@@ -36,9 +36,10 @@ LOSS_PERCENT = 5.0
 #: How long the latency and the loss each last; the partition lasts PARTITION_SECONDS.
 FAULT_SECONDS = float(os.environ.get("NR_FAULTS_PHASE_SECONDS", "15"))
 PARTITION_SECONDS = 20.0
-#: The server ends a transaction of the worker left idle this long (TRANSACTION_TIMEOUT_SECONDS, issue 16
-#: point 2): half the partition, so the transaction a partition strands must be ended by the server. A
-#: worker without that setting gets nothing and fails the bound: its transaction outlives the partition.
+#: The server ends a transaction of the worker left idle this long: the worker's bound on its own
+#: transactions (``delivery.session.TRANSACTION_TIMEOUT_SECONDS``, 30 s shipped) set to half the
+#: partition, so the transaction a partition strands must be ended by the server. A worker without the
+#: bound fails it: its transaction outlives the partition.
 TRANSACTION_TIMEOUT = 10.0
 #: A sample every 0.2 s of a timer the server fires on time: one second of slack is ample.
 SAMPLING_SLACK = 1.0
@@ -58,9 +59,8 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
 ) -> None:
     seed_webhook_drain(cluster, receiver, ROWS)
     settings: dict[str, object] = {"WEBHOOK_ALLOWED_HOSTS": [network.servers.address]}
-    if "TRANSACTION_TIMEOUT_SECONDS" in {f.name for f in dataclasses.fields(RetrySettings)}:
-        settings["TRANSACTION_TIMEOUT_SECONDS"] = TRANSACTION_TIMEOUT
-    env = worker_env(cluster.url, "postgres", settings)
+    bound = {f"{session.__name__}.TRANSACTION_TIMEOUT_SECONDS": TRANSACTION_TIMEOUT}
+    env = worker_env(cluster.url, "postgres", settings, {"NR_TEST_CONSTANTS_JSON": json.dumps(bound)})
     worker = start_worker(env)
     sampler = ServerSampler(cluster.connect, network.worker.address).start()
     marks: dict[str, float] = {"clean": time.monotonic()}
@@ -115,7 +115,7 @@ def test_drain_through_latency_loss_and_partition_loses_nothing(
     figures["a writing transaction open just before the partition / stranded by it"] = (
         f"{stranding} / {sampler.longest('idle_holding', {'partition', 'healed'}) > 1.0}"
     )
-    figures["TRANSACTION_TIMEOUT_SECONDS given to the worker"] = settings.get("TRANSACTION_TIMEOUT_SECONDS")
+    figures["TRANSACTION_TIMEOUT_SECONDS given to the worker"] = TRANSACTION_TIMEOUT
     figures["worker exit status"] = exit_status
     print("\nnetwork fault figures:\n" + "\n".join(f"  {name}: {value}" for name, value in figures.items()))
 

@@ -11,6 +11,7 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
+from notifications_retry.admin import triage_actions
 from notifications_retry.models import DeadLetterAction, NotificationEntity
 from tests.factories import NotificationFactory
 from tests.support.admin_pages import action, dead_letter, staff
@@ -76,7 +77,7 @@ def test_discard_marks_resolution_and_refuses_already_discarded() -> None:
     assert any("already discarded" in m for m in messages)
 
 
-def test_apply_to_all_matching_the_filter_shows_count_and_respects_the_cap(settings: Any) -> None:
+def test_apply_to_all_matching_the_filter_shows_count_and_respects_the_cap(monkeypatch: Any) -> None:
     rows = [dead_letter(error_kind="http_4xx") for _ in range(3)]
     other = dead_letter(error_kind="timeout")
     client = staff("view_notificationentity", "requeue_notificationentity")
@@ -86,7 +87,7 @@ def test_apply_to_all_matching_the_filter_shows_count_and_respects_the_cap(setti
     assert confirm.context["total"] == 3 and confirm.context["across"]
     assert "match the current filter" in confirm.content.decode()
 
-    settings.NOTIFICATIONS_RETRY = {"BULK_ACTION_CAP": 2}
+    monkeypatch.setattr(triage_actions, "BULK_ACTION_CAP", 2)
     capped = action(
         client, "requeue_selected", [rows[0].pk], query, select_across="1", confirm="yes", reason="x"
     )
@@ -95,7 +96,7 @@ def test_apply_to_all_matching_the_filter_shows_count_and_respects_the_cap(setti
     assert any("cap for one action is 2" in m for m in messages)
     assert NotificationEntity.objects.filter(dead_lettered_at__isnull=True).count() == 0
 
-    settings.NOTIFICATIONS_RETRY = {"BULK_ACTION_CAP": 3}
+    monkeypatch.setattr(triage_actions, "BULK_ACTION_CAP", 3)
     done = action(
         client,
         "requeue_selected",

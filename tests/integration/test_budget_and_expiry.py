@@ -47,7 +47,7 @@ def test_transactional_gets_more_attempts_than_marketing_on_one_channel(clock, s
     # A high circuit threshold: this test is about budgets, not about the breaker pausing the channel.
     settings.NOTIFICATIONS_RETRY = {
         "ATTEMPTS_BY_TYPE": {"transactional": 6, "marketing": 2},
-        "CIRCUIT_FAILURE_THRESHOLD": 1000,
+        "CIRCUIT_BREAKER": {"failure_threshold": 1000},
     }
     channel = ChannelFactory(key="email", provider_key="stub", options={"fail": "retriable"}, max_attempts=4)
     due = {"status": Status.FAILED, "attempts": 0, "next_attempt_at": clock.now()}

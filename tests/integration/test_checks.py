@@ -91,7 +91,8 @@ def test_e001_unknown_key() -> None:
     [
         {"BATCH_SIZE": 0},
         {"BATCH_SIZE": "ten"},
-        {"JITTER_RATIO": 2},
+        {"CIRCUIT_BREAKER": {"cooldown_seconds": 0}},
+        {"ENDPOINT_HEALTH": {"warn_ratio": 2}},
         {"CLOCK": "sundial"},
         {"METRICS_PORT": -1},
     ],
@@ -99,6 +100,22 @@ def test_e001_unknown_key() -> None:
 def test_e001_wrong_type_or_range(bad: dict[str, Any]) -> None:
     with override_settings(NOTIFICATIONS_RETRY=bad):
         assert ids().count("notifications_retry.E001") == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ({"HEALTH_MIN_ATTEMPTS": 10}, "HEALTH_MIN_ATTEMPTS: moved to ENDPOINT_HEALTH['min_attempts']"),
+        ({"CLAIM_CHUNK_SIZE": 100}, "CLAIM_CHUNK_SIZE: removed: a constant now, 500 rows"),
+        ({"ENDPOINT_HEALTH": {"min_attempt": 10}}, "ENDPOINT_HEALTH'] has unknown key(s): 'min_attempt'"),
+        ({"CIRCUIT_BREAKER": 5}, "CIRCUIT_BREAKER'] must be a dict"),
+    ],
+)
+def test_e001_removed_key_or_bad_group_names_what_to_write(bad: dict[str, Any], said: str) -> None:
+    with override_settings(NOTIFICATIONS_RETRY=bad):
+        assert ids() == ["notifications_retry.E001"]
+        [message] = messages_with("notifications_retry.E001")
+    assert said in message
 
 
 def test_e001_settings_not_a_dict() -> None:
@@ -213,11 +230,6 @@ def test_e005_lock_alias_missing() -> None:
 def test_w003_tick_longer_than_interval() -> None:
     with override_settings(NOTIFICATIONS_RETRY={"MAX_DURATION_SECONDS": 60, "INTERVAL_SECONDS": 60}):
         assert ids() == ["notifications_retry.W003"]
-
-
-def test_w004_heartbeat_shorter_than_interval() -> None:
-    with override_settings(NOTIFICATIONS_RETRY={"HEARTBEAT_MAX_AGE_SECONDS": 30}):
-        assert ids() == ["notifications_retry.W004"]
 
 
 @pytest.mark.django_db

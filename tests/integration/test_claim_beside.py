@@ -16,7 +16,7 @@ import pytest
 from django.db import OperationalError
 from structlog.testing import capture_logs
 
-from notifications_retry.engine import claiming, ports
+from notifications_retry.engine import claiming, dispatcher, ports
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from notifications_retry.providers.stub import StubProvider
@@ -26,8 +26,8 @@ Status = NotificationEntity.Status
 
 
 @pytest.fixture
-def small_chunks(settings):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CLAIM_CHUNK_SIZE": 20}
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(dispatcher, "CLAIM_CHUNK_SIZE", 20)
 
 
 @pytest.fixture
@@ -186,17 +186,8 @@ def test_a_second_connection_that_cannot_be_opened_leaves_the_claims_one_at_a_ti
     assert_delivered_once(rows)
 
 
-@pytest.mark.parametrize(
-    "claim_thread",
-    [
-        pytest.param(True, marks=pytest.mark.django_db, id="inside-a-transaction"),
-        pytest.param(False, marks=pytest.mark.django_db(transaction=True), id="turned-off"),
-    ],
-)
-def test_claims_are_one_at_a_time_inside_a_transaction_or_when_turned_off(
-    settings, small_chunks, claims_seen, clock, claim_thread, monkeypatch
-):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CLAIM_THREAD": claim_thread}
+@pytest.mark.django_db
+def test_claims_are_one_at_a_time_inside_a_transaction(small_chunks, claims_seen, clock, monkeypatch):
     on_django: list[int] = []
     real = ports.claim_due
 
@@ -210,19 +201,9 @@ def test_claims_are_one_at_a_time_inside_a_transaction_or_when_turned_off(
         assert worker.dispatcher.claims.beside_connection is None
         [stats] = worker.run(once=True)
     assert stats.sent == 90
-    if claim_thread:  # inside a test's transaction: Django's connection alone sees the rows
-        assert on_django and not claims_seen
-    else:
-        assert not on_django and len({pid for _, pid, _ in claims_seen}) == 1
+    # Inside a test's transaction: Django's connection alone sees the rows.
+    assert on_django and not claims_seen
     assert_delivered_once(rows)
-
-
-@pytest.mark.django_db
-def test_claim_thread_must_be_a_bool(settings):
-    from notifications_retry.conf import get_settings, settings_problems
-
-    settings.NOTIFICATIONS_RETRY = {"CLAIM_THREAD": 1}
-    assert any("CLAIM_THREAD must be True or False" in p for p in settings_problems(get_settings()))
 
 
 class OverlapProvider(StubProvider):

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.delivery import ChannelClaim
 from notifications_retry.engine import claiming as claim_connection_module
+from notifications_retry.engine import dispatcher
 from notifications_retry.engine.claiming import ClaimConnection
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
@@ -106,9 +107,9 @@ def test_the_asynchronous_claim_settles_what_the_synchronous_one_settles(clock):
 
 
 def test_a_webhook_drain_claims_on_the_claim_connection_of_the_workers_own_thread(
-    webhook_server, clock, monkeypatch, settings
+    webhook_server, clock, monkeypatch
 ):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CLAIM_CHUNK_SIZE": 4}
+    monkeypatch.setattr(dispatcher, "CLAIM_CHUNK_SIZE", 4)
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     created = webhook_rows(clock, webhook_server.url, 12)
     seen: list[tuple[str, int]] = []

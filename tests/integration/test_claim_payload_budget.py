@@ -93,8 +93,7 @@ def test_a_compressed_payload_never_counts_as_less_than_it_is(
     assert claimed == 50 if server == "14+" else 2 < claimed < 50
 
 
-def test_a_tick_cut_short_by_the_budget_still_drains_every_due_row(clock, budget, settings):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CLAIM_CHUNK_SIZE": 500}
+def test_a_tick_cut_short_by_the_budget_still_drains_every_due_row(clock, budget):
     channel = ChannelFactory(key="in_app")
     rows = due_notifications(clock, channel, 12)
     with_payloads(rows, lambda: incompressible(40_000))

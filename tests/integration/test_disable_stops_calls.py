@@ -125,9 +125,8 @@ def test_the_failure_ratio_crossed_stops_the_calls_at_the_commit_that_found_it(
 ):
     configure(
         settings,
-        HEALTH_MIN_ATTEMPTS=20,
-        HEALTH_DISABLE_RATIO=0.95,
-        CIRCUIT_FAILURE_THRESHOLD=10_000,  # only the health check can stop the calls
+        ENDPOINT_HEALTH={"min_attempts": 20, "disable_ratio": 0.95},
+        CIRCUIT_BREAKER={"failure_threshold": 10_000},  # only the health check can stop the calls
     )
     webhook_server.responder = lambda request: Reply(500, "down", delay=0.1)
     channel = hook(webhook_server)
@@ -135,7 +134,7 @@ def test_the_failure_ratio_crossed_stops_the_calls_at_the_commit_that_found_it(
     tick(clock)
     calls = len(webhook_server.requests)
     change = one_disable(channel)
-    assert "HEALTH_DISABLE_RATIO" in change.reason and change.attempts >= 20
+    assert "disable_ratio" in change.reason and change.attempts >= 20
     # The disabling commit counted change.attempts calls; after it, only calls already in flight or
     # finished and not yet committed (each slot's, at most a few rounds' worth) reach the endpoint.
     after = calls - change.attempts

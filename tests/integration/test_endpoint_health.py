@@ -33,15 +33,17 @@ LIMITS = Thresholds(
 )
 
 
-def health_settings(settings, **overrides):
+def health_settings(settings, **health):
     settings.NOTIFICATIONS_RETRY = {
-        "HEALTH_MIN_ATTEMPTS": 10,
-        "HEALTH_WARN_RATIO": 0.8,
-        "HEALTH_DISABLE_RATIO": 0.95,
-        "HEALTH_REENABLE_COOLDOWN_SECONDS": 3600,
+        "ENDPOINT_HEALTH": {
+            "min_attempts": 10,
+            "warn_ratio": 0.8,
+            "disable_ratio": 0.95,
+            "reenable_cooldown_seconds": 3600,
+            **health,
+        },
         "BATCH_SIZE": 500,
-        "CIRCUIT_FAILURE_THRESHOLD": 10_000,  # every due row is called: the counts are exact
-        **overrides,
+        "CIRCUIT_BREAKER": {"failure_threshold": 10_000},  # every due row is called: the counts are exact
     }
     allow_loopback(settings)
 
@@ -161,7 +163,7 @@ def test_a_channel_failing_past_the_ratio_is_warned_then_disabled(clock, webhook
     tick(clock)  # 8 + 30 more failures: 54 of 56 (96 %) past the disable ratio
     channel.refresh_from_db()
     assert not channel.is_enabled and channel.health_state == "disabled"
-    assert "HEALTH_DISABLE_RATIO 95%" in channel.health_reason
+    assert "ENDPOINT_HEALTH['disable_ratio'] 95%" in channel.health_reason
     states = [e.payload["state"] for e in health_events()]
     assert states == ["warning", "disabled"]
     assert [e.generation for e in health_events()] == [1, 2]
@@ -181,7 +183,7 @@ def test_a_success_that_brings_the_window_to_the_minimum_is_judged_on_the_share(
     webhook_server.responder = lambda request: next(answers)
     channel = hook(webhook_server, max_concurrency=1)
     due(clock, channel, 9)
-    tick(clock)  # 9 failed of 9: below HEALTH_MIN_ATTEMPTS, the share says too little
+    tick(clock)  # 9 failed of 9: below its min_attempts, the share says too little
     channel.refresh_from_db()
     assert channel.health_state == "ok"
     due(clock, channel, 1)
@@ -193,7 +195,7 @@ def test_a_success_that_brings_the_window_to_the_minimum_is_judged_on_the_share(
 
 
 def test_throttling_counts_neither_way(clock, webhook_server, settings):
-    health_settings(settings, HEALTH_MIN_ATTEMPTS=1)
+    health_settings(settings, min_attempts=1)
     webhook_server.responder = lambda request: Reply(429, "slow down", headers={"Retry-After": "5"})
     channel = hook(webhook_server, max_concurrency=1)
     due(clock, channel, 3)
@@ -205,7 +207,7 @@ def test_throttling_counts_neither_way(clock, webhook_server, settings):
 def test_a_warning_clears_when_failures_fall_back(clock, webhook_server, settings):
     health_settings(settings)
     # The success first, then the nine failures: however the commits batch the outcomes, the window
-    # reaches HEALTH_MIN_ATTEMPTS at 9 failed of 10.
+    # reaches min_attempts at 9 failed of 10.
     answers = iter([Reply(200, {"id": "x"})] + [Reply(500, "down")] * 9 + [Reply(200, {"id": "x"})] * 100)
     webhook_server.responder = lambda request: next(answers)
     channel = hook(webhook_server, max_concurrency=1)
@@ -288,7 +290,7 @@ def test_the_admin_shows_health_and_reenables_only_through_the_audited_action(ad
     from notifications_retry.clock import ManualClock
     from tests.integration.test_admin_pages import channel_form
 
-    settings.NOTIFICATIONS_RETRY = {"HEALTH_REENABLE_COOLDOWN_SECONDS": 600}
+    settings.NOTIFICATIONS_RETRY = {"ENDPOINT_HEALTH": {"reenable_cooldown_seconds": 600}}
     clock = ManualClock(timezone.now() - timedelta(minutes=5))
     channel = auto_disabled(clock)
     listing = reverse("admin:notifications_retry_channelconfig_changelist")

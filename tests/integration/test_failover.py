@@ -239,8 +239,7 @@ def test_an_open_circuit_sends_the_channels_records_through_the_fallback(
 ):
     settings.NOTIFICATIONS_RETRY = {
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-        "CIRCUIT_FAILURE_THRESHOLD": 2,
-        "CIRCUIT_COOLDOWN_SECONDS": 60.0,
+        "CIRCUIT_BREAKER": {"failure_threshold": 2, "cooldown_seconds": 60.0},
     }
     webhook_server.responder = lambda request: Reply(503)
     primary, _ = channels(webhook_server.url, fallback_server.url)
@@ -261,8 +260,7 @@ def test_no_failover_into_the_fallbacks_open_circuit(
 ):
     settings.NOTIFICATIONS_RETRY = {
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-        "CIRCUIT_FAILURE_THRESHOLD": 2,
-        "CIRCUIT_COOLDOWN_SECONDS": 60.0,
+        "CIRCUIT_BREAKER": {"failure_threshold": 2, "cooldown_seconds": 60.0},
     }
     webhook_server.responder = lambda request: Reply(503)
     fallback_server.responder = lambda request: Reply(500)
@@ -308,8 +306,7 @@ def test_after_the_cool_down_one_probe_goes_to_the_primary_and_closes_its_circui
 ):
     settings.NOTIFICATIONS_RETRY = {
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-        "CIRCUIT_FAILURE_THRESHOLD": 1,
-        "CIRCUIT_COOLDOWN_SECONDS": 1.0,
+        "CIRCUIT_BREAKER": {"failure_threshold": 1, "cooldown_seconds": 1.0},
     }
     down = {"on": True}
     webhook_server.responder = lambda request: Reply(503) if down["on"] else Reply(200, {"id": "own"})

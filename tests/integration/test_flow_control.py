@@ -116,8 +116,7 @@ def test_429_with_retry_after_pauses_the_channel_instead_of_retrying(clock, webh
 def test_circuit_opens_leaves_rows_untouched_probes_once_closes(clock, webhook_server, settings, make_worker):
     settings.NOTIFICATIONS_RETRY = {
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-        "CIRCUIT_FAILURE_THRESHOLD": 3,
-        "CIRCUIT_COOLDOWN_SECONDS": 1.0,
+        "CIRCUIT_BREAKER": {"failure_threshold": 3, "cooldown_seconds": 1.0},
     }
     failing = {"on": True}
     webhook_server.responder = lambda request: Reply(500) if failing["on"] else Reply(200, {"id": "ok"})
@@ -173,8 +172,7 @@ def test_circuit_opens_leaves_rows_untouched_probes_once_closes(clock, webhook_s
 def test_circuit_of_one_channel_does_not_stop_another(clock, webhook_server, settings, make_worker):
     settings.NOTIFICATIONS_RETRY = {
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-        "CIRCUIT_FAILURE_THRESHOLD": 2,
-        "CIRCUIT_COOLDOWN_SECONDS": 60.0,
+        "CIRCUIT_BREAKER": {"failure_threshold": 2, "cooldown_seconds": 60.0},
     }
     webhook_server.responder = lambda request: Reply(503)
     broken = ChannelFactory(

@@ -43,7 +43,7 @@ LIMITS = Thresholds(
 @pytest.mark.parametrize(
     ("window", "expected"),
     [
-        (Window(30, 30), None),  # no failed probe among the batch's calls: HEALTH_MIN_ATTEMPTS applies
+        (Window(30, 30), None),  # no failed probe among the batch's calls: min_attempts applies
         (Window(30, 30, circuit_open_for=149.0), None),  # open for less than PROBING_SPAN_SECONDS
         (Window(9, 9, circuit_open_for=150.0), None),  # long enough, but fewer calls than its minimum
         (Window(10, 10, circuit_open_for=150.0), "disabled"),
@@ -62,7 +62,7 @@ def test_a_probe_failing_after_a_long_open_circuit_is_judged_on_fewer_calls(wind
 def test_the_probing_minimum_follows_the_breakers_pace():
     assert probing_minimum(50, 5, 30.0) == 10  # defaults: 5 failures in a row, a probe every 30 s
     assert probing_minimum(50, 5, 10.0) == 20
-    assert probing_minimum(50, 5, 1.0) == 50  # never more than HEALTH_MIN_ATTEMPTS
+    assert probing_minimum(50, 5, 1.0) == 50  # never more than min_attempts
     assert probing_minimum(50, 5, 600.0) == 6  # one probe at least
     assert probing_minimum(3, 5, 30.0) == 3
     assert probing_minimum(50, 5, 0.0) == 50
@@ -150,7 +150,7 @@ def test_an_endpoint_failing_97_percent_is_disabled_within_10_minutes_on_default
     print(f"97 %-failing endpoint disabled after {took.total_seconds():.0f} s simulated, {calls} calls")
     assert took <= timedelta(minutes=10), f"disabled after {took} ({calls} calls)"
     assert "(judged from 10 calls)" in change.reason
-    assert "HEALTH_DISABLE_RATIO" in change.reason
+    assert "disable_ratio" in change.reason
     assert calls == change.attempts, "no call after the disable"
     waiting = NotificationEntity.objects.filter(channel=channel, attempt_log=[]).count()
     assert waiting == 300 - calls, "the rows no call reached wait, untouched"

@@ -17,6 +17,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
+from notifications_retry.delivery.session import TRANSACTION_TIMEOUT_SECONDS
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import WorkerHeartbeat
 from notifications_retry.observability.liveness import check_liveness
@@ -60,12 +61,14 @@ def test_a_tick_makes_the_lane_healthy_until_the_threshold_passes(clock):
 
 
 @pytest.mark.django_db
-def test_default_threshold_is_the_heartbeat_setting(clock):
-    beat(clock.now() - timedelta(seconds=100))
-    with override_settings(NOTIFICATIONS_RETRY={"HEARTBEAT_MAX_AGE_SECONDS": 90}):
-        assert not check_liveness(clock=clock).healthy
-    with override_settings(NOTIFICATIONS_RETRY={"HEARTBEAT_MAX_AGE_SECONDS": 110}):
-        assert check_liveness(clock=clock).healthy
+def test_default_threshold_is_two_intervals_and_a_tick_at_least_180_s(clock):
+    beat(clock.now() - timedelta(seconds=200))
+    assert not check_liveness(clock=clock).healthy  # defaults: 2 x 60 + 45 = 165, raised to 180
+    with override_settings(NOTIFICATIONS_RETRY={"INTERVAL_SECONDS": 80, "MAX_DURATION_SECONDS": 45}):
+        assert check_liveness(clock=clock).healthy  # 2 x 80 + 45 = 205
+        assert check_liveness(clock=clock).max_age_seconds == 205
+    with override_settings(NOTIFICATIONS_RETRY={"INTERVAL_SECONDS": 5, "MAX_DURATION_SECONDS": 4}):
+        assert check_liveness(clock=clock).max_age_seconds == 180  # a short interval keeps the floor
 
 
 @pytest.mark.django_db
@@ -151,9 +154,8 @@ def test_probe_fails_when_the_database_cannot_be_read():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_heartbeat_write_is_bounded_like_the_workers_other_transactions(clock, monkeypatch, settings):
+def test_the_heartbeat_write_is_bounded_like_the_workers_other_transactions(clock, monkeypatch):
     # update_or_create locks the lane's row: a partition that strands it must not hold that lock for long.
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "TRANSACTION_TIMEOUT_SECONDS": 7}
     seen: list[tuple[str, str]] = []
     real = WorkerHeartbeat.objects.update_or_create
 
@@ -172,4 +174,5 @@ def test_the_heartbeat_write_is_bounded_like_the_workers_other_transactions(cloc
         worker.run(once=True)
     finally:
         worker.close()
-    assert seen and set(seen) == {("7s", "7s")}, seen
+    bound = f"{TRANSACTION_TIMEOUT_SECONDS:g}s"  # the server's defaults are 0: no bound
+    assert seen and set(seen) == {(bound, bound)}, seen

@@ -137,7 +137,7 @@ def test_command_reports_counts_and_takes_retentions_as_options(capsys):
 
 def test_prunes_endpoint_health_buckets_that_left_the_window(settings):
     # 24 buckets of an hour: the oldest one that still overlaps the window stays, older ones go.
-    settings.NOTIFICATIONS_RETRY = {"HEALTH_WINDOW_SECONDS": 86_400}
+    settings.NOTIFICATIONS_RETRY = {"ENDPOINT_HEALTH": {"window_seconds": 86_400}}
     now = timezone.now().replace(minute=30, second=0, microsecond=0)
     channel = ChannelFactory(key="hook")
     hour = now.replace(minute=0)

@@ -15,6 +15,7 @@ from django.db import connection
 from structlog.testing import capture_logs
 
 from notifications_retry.delivery import FinalizeReport
+from notifications_retry.engine import dispatcher
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.loop_completer import LoopCompleter
 from notifications_retry.engine.worker import Worker
@@ -96,7 +97,10 @@ def test_outcomes_are_committed_on_the_loops_own_connection_on_the_workers_threa
 
 @pytest.mark.django_db(transaction=True)
 def test_a_health_change_is_committed_on_djangos_connection_with_its_batch(webhook_server, clock, settings):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "CIRCUIT_FAILURE_THRESHOLD": 10_000}
+    settings.NOTIFICATIONS_RETRY = {
+        **settings.NOTIFICATIONS_RETRY,
+        "CIRCUIT_BREAKER": {"failure_threshold": 10_000},
+    }
     allow_loopback(settings)
     webhook_server.responder = lambda r: Reply(410, "gone")
     channel = ChannelFactory(
@@ -121,7 +125,7 @@ def test_a_health_change_is_committed_on_djangos_connection_with_its_batch(webho
 
 @pytest.mark.django_db(transaction=True)
 def test_the_loop_commits_nothing_while_its_batch_for_djangos_connection_waits(
-    webhook_server, clock, settings
+    webhook_server, clock, settings, monkeypatch
 ):
     # The failure that puts the channel in warning goes to Django's connection (a health change); the
     # deliveries behind it share the channel's health bucket. A loop commit of one of them, left
@@ -129,12 +133,11 @@ def test_the_loop_commits_nothing_while_its_batch_for_djangos_connection_waits(
     # that commit waited for: neither ended.
     settings.NOTIFICATIONS_RETRY = {
         **settings.NOTIFICATIONS_RETRY,
-        "HEALTH_MIN_ATTEMPTS": 2,
-        "HEALTH_WARN_RATIO": 0.5,
-        "HEALTH_DISABLE_RATIO": 1.0,
-        "CIRCUIT_FAILURE_THRESHOLD": 10_000,
-        "CLAIM_CHUNK_SIZE": 1,  # a batch an outcome: the next one is ready as the warning's is handed over
+        "ENDPOINT_HEALTH": {"min_attempts": 2, "warn_ratio": 0.5, "disable_ratio": 1.0},
+        "CIRCUIT_BREAKER": {"failure_threshold": 10_000},
     }
+    # A batch an outcome: the next one is ready as the warning's is handed over.
+    monkeypatch.setattr(dispatcher, "CLAIM_CHUNK_SIZE", 1)
     allow_loopback(settings)
     answers = iter([Reply(200, {"id": "m"}), Reply(500, "down")] + [Reply(200, {"id": "m"})] * 20)
     webhook_server.responder = lambda r: next(answers)
@@ -274,17 +277,8 @@ def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_
     assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
 
 
-@pytest.mark.parametrize(
-    "commit_thread",
-    [
-        pytest.param(True, marks=pytest.mark.django_db, id="inside-a-transaction"),
-        pytest.param(False, marks=pytest.mark.django_db(transaction=True), id="turned-off"),
-    ],
-)
-def test_commits_are_inline_inside_a_transaction_or_when_turned_off(
-    webhook_server, settings, clock, commit_thread
-):
-    settings.NOTIFICATIONS_RETRY = {**settings.NOTIFICATIONS_RETRY, "COMMIT_THREAD": commit_thread}
+@pytest.mark.django_db
+def test_commits_are_inline_inside_a_transaction(webhook_server, settings, clock):
     webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     rows(clock, webhook_server.url, 3)
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
@@ -292,11 +286,3 @@ def test_commits_are_inline_inside_a_transaction_or_when_turned_off(
     [stats] = worker.run(once=True)
     assert stats.sent == 3
     assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
-
-
-@pytest.mark.django_db
-def test_commit_thread_must_be_a_bool(settings):
-    from notifications_retry.conf import get_settings, settings_problems
-
-    settings.NOTIFICATIONS_RETRY = {"COMMIT_THREAD": "yes"}
-    assert any("COMMIT_THREAD must be True or False" in p for p in settings_problems(get_settings()))

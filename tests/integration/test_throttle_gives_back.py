@@ -142,7 +142,7 @@ def test_rows_claimed_as_the_circuit_opened_are_given_back_not_left_queued(clock
     rt = ChannelRuntime(
         channel, WebhookProvider(channel.settings()), conf, max_concurrency=1, rate_limit=None
     )
-    for _ in range(conf.CIRCUIT_FAILURE_THRESHOLD):
+    for _ in range(conf.CIRCUIT_BREAKER.failure_threshold):
         rt.breaker.failure(0.0)
     assert rt.breaker.state == rt.breaker.OPEN
     rt.queue.extend(batch.records)

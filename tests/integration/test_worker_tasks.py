@@ -19,10 +19,11 @@ from notifications_retry import api
 from notifications_retry.clock import ManualClock
 from notifications_retry.engine.loop_tasks import OutboxGauges
 from notifications_retry.engine.worker import Worker
-from notifications_retry.housekeeping import HousekeepingTask
+from notifications_retry.housekeeping import BACKLOG_SAMPLE_RETENTION_HOURS, HousekeepingTask
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import BacklogSample, NotificationEntity, Outbox
 from notifications_retry.observability import metrics
+from notifications_retry.outbox import relay
 from notifications_retry.outbox.publishers import LogPublisher
 from notifications_retry.outbox.relay import LOCK_CLASS, Relay, relay_task
 from tests.conftest import allow_loopback
@@ -176,11 +177,15 @@ def test_without_the_relay_task_the_events_stay_unpublished(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_publisher_that_is_down_never_stops_the_sends_and_its_events_go_out_once_it_is_back(settings):
+def test_a_publisher_that_is_down_never_stops_the_sends_and_its_events_go_out_once_it_is_back(
+    settings, monkeypatch
+):
+    # The relay tries again within a second, not a minute: the test waits for the publisher's return.
+    monkeypatch.setattr(relay, "OUTBOX_RELAY_MAX_BACKOFF_SECONDS", 1.0)
     state = {"up": False}
     server = ScriptedServer(lambda request: Reply(200 if state["up"] else 503, {})).start()
     try:
-        http_publisher_settings(settings, server, OUTBOX_RELAY_MAX_BACKOFF_SECONDS=1.0)
+        http_publisher_settings(settings, server)
         channel = ChannelFactory(key="in_app")
         first = due(channel, 3)
         failures_before = metrics.TASK_FAILURES.labels("relay")._value.get()
@@ -209,9 +214,10 @@ def test_a_publisher_that_is_down_never_stops_the_sends_and_its_events_go_out_on
 
 
 @pytest.mark.django_db(transaction=True)
-def test_housekeeping_runs_on_the_loop_and_a_failing_step_never_stops_the_sends(settings, monkeypatch):
-    settings.NOTIFICATIONS_RETRY = {"BACKLOG_SAMPLE_RETENTION_HOURS": 1}
-    old_sample = BacklogSample.objects.create(taken_at=timezone.now() - timedelta(hours=5))
+def test_housekeeping_runs_on_the_loop_and_a_failing_step_never_stops_the_sends(monkeypatch):
+    old_sample = BacklogSample.objects.create(
+        taken_at=timezone.now() - timedelta(hours=BACKLOG_SAMPLE_RETENTION_HOURS + 1)
+    )
     channel = ChannelFactory(key="in_app")
     worker = Worker(interval=60)
     task = HousekeepingTask(worker.lock, clock=worker.clock, monotonic=worker.monotonic)
@@ -243,8 +249,7 @@ def test_housekeeping_runs_on_the_loop_and_a_failing_step_never_stops_the_sends(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_housekeeping_runs_in_one_of_two_workers_at_a_time(settings):
-    settings.NOTIFICATIONS_RETRY = {"BACKLOG_SAMPLE_RETENTION_HOURS": 1}
+def test_housekeeping_runs_in_one_of_two_workers_at_a_time():
     clock = ManualClock(timezone.now())
     first, second = AdvisoryLock("tests:worker-a"), AdvisoryLock("tests:worker-b")
     try:

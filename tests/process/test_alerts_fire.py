@@ -63,8 +63,7 @@ def test_prometheus_fires_provider_down_and_terminal_spike_for_a_real_worker(
     worker = start_worker(
         ["--interval", "0.3", "--metrics-port", str(port)],
         settings={
-            "CIRCUIT_FAILURE_THRESHOLD": 2,
-            "CIRCUIT_COOLDOWN_SECONDS": 0.5,
+            "CIRCUIT_BREAKER": {"failure_threshold": 2, "cooldown_seconds": 0.5},
             "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
         },
     )

@@ -1,13 +1,16 @@
-"""An owner that lost its lock starts nothing: a worker frozen (SIGSTOP) past the lock's idle timeout,
-whose rows a standby took over and sent, starts no provider call once continued (SIGCONT); the answers
-that reached it while it was frozen are read, not called timeouts, and discarded under their claim
-token. The lock's idle timeout and the leases are shortened so that it runs in seconds."""
+"""An owner that lost its lock starts nothing: a worker frozen (SIGSTOP) until the server ended its lock
+session, whose rows a standby took over and sent, starts no provider call once continued (SIGCONT); the
+answers that reached it while it was frozen are read, not called timeouts, and discarded under their
+claim token. The server ends the frozen session as its ``idle_session_timeout`` would (90 s,
+``locks.LOCK_IDLE_SESSION_TIMEOUT_SECONDS``; tests/integration/test_claims.py shows that timeout end a
+session), but at once, and the leases are shortened, so that it runs in seconds."""
 
 from __future__ import annotations
 
 import signal
 
 import pytest
+from django.db import connection
 
 from notifications_retry.models import NotificationEntity
 from tests.process.conftest import seed_due
@@ -19,11 +22,16 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 SETTINGS = {
     "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-    "LOCK_IDLE_SESSION_TIMEOUT_SECONDS": 2,
     "LEASE_GRACE_SECONDS": 0.5,
-    "CIRCUIT_FAILURE_THRESHOLD": 1000,
+    "CIRCUIT_BREAKER": {"failure_threshold": 1000},
 }
 ROWS = 40
+
+
+def terminate(pids: list[int]) -> None:
+    assert pids, "the owner holds its lock"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
 
 
 def _live_leases() -> bool:
@@ -41,8 +49,9 @@ def test_a_resumed_owner_that_lost_its_lock_starts_no_call(start_worker):
         owner = start_worker(["--interval", "0.2", "--batch-size", "40", "--max-duration", "60"], SETTINGS)
         wait_until(lambda: len(server.requests) >= 4, 60, 0.01, "the owner's calls in flight")
         owner.send(signal.SIGSTOP)
-        # The server ends the frozen owner's lock session once it idles past its timeout; its leases
-        # run out after theirs. Both are waited for, not slept through.
+        # The server ends the frozen owner's lock session, as its idle timeout would; its leases run
+        # out after theirs, waited for, not slept through.
+        terminate(lock_holders())
         wait_until(lambda: not lock_holders(), 30, 0.1, "the frozen owner's lock freed by the server")
         wait_until(lambda: not _live_leases(), 30, 0.1, "the frozen owner's leases run out")
         standby = start_worker(

@@ -102,7 +102,9 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "retry_worker", "--interval", "600", "--metrics-port", str(port)],
             cwd=REPO_ROOT,
-            env=worker_env({"CIRCUIT_FAILURE_THRESHOLD": 3, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}),
+            env=worker_env(
+                {"CIRCUIT_BREAKER": {"failure_threshold": 3}, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -123,7 +125,7 @@ def test_worker_serves_metrics_with_the_values_of_its_tick(server, tmp_path):
             pytest.fail("no completed tick seen on /metrics:\n" + log_path.read_text())
 
         calls = len(server.requests)
-        # The circuit opened after CIRCUIT_FAILURE_THRESHOLD consecutive 500s (a record already queued
+        # The circuit opened after its failure_threshold consecutive 500s (a record already queued
         # behind them may still go out): not every webhook row was tried.
         assert 3 <= calls < 6
         assert value(samples, "notifications_retry_sent_total", channel="in_app") == 3

@@ -38,7 +38,7 @@ def ticks(worker: Worker, count: int) -> None:
 def test_poison_payload_and_raising_provider_end_terminal_while_healthy_records_flow(settings):
     settings.NOTIFICATIONS_RETRY = {
         "PROVIDERS": PROVIDERS,
-        "CIRCUIT_FAILURE_THRESHOLD": 1000,
+        "CIRCUIT_BREAKER": {"failure_threshold": 1000},
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
     }
     server = ScriptedServer().start()

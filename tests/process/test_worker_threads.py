@@ -65,10 +65,9 @@ INLINE_ROWS = 20_000
 def test_an_inline_backlog_runs_one_thread_with_two_claims_under_way(start_worker: StartWorker):
     channel = ChannelConfig.objects.create(key="inbox", provider_key="in_app", max_attempts=5)
     seed_due(channel, INLINE_ROWS)
-    # Claims of 100 rows come back full: from the first on, two are under way at once.
+    # Claims of a whole chunk (500 rows) come back full: from the first on, two are under way at once.
     worker = start_worker(
-        ["--batch-size", str(INLINE_ROWS * 2), "--max-duration", "120"],
-        {"INTERVAL_SECONDS": 60.0, "CLAIM_CHUNK_SIZE": 100},
+        ["--batch-size", str(INLINE_ROWS * 2), "--max-duration", "120"], {"INTERVAL_SECONDS": 60.0}
     )
     sent = NotificationEntity.objects.filter(status=NotificationEntity.Status.SENT)
     samples: list[int] = []

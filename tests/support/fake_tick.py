@@ -24,7 +24,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery import ChannelClaim, ClaimBatch, FinalizeReport
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.dispatcher import Dispatcher
+from notifications_retry.engine.dispatcher import Dispatcher, chunk_size
 from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.exceptions import RetryableProviderError
@@ -219,7 +219,7 @@ def run_tick(
         clock=time.clock,
         monotonic=time.monotonic,
         on_report=reporter.report,
-        max_batch=min(CONF.CLAIM_CHUNK_SIZE, batch_size),
+        max_batch=chunk_size(batch_size),
         commit=db.commit,
     )
     executor = Executor(

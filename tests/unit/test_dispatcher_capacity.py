@@ -122,7 +122,7 @@ def test_throttling_pauses_the_channel_and_hands_back_its_queue():
     mono = Mono()
     rt = runtime()
     rt.queue.extend(record() for _ in range(3))
-    feedback = FlowFeedback(get_settings(), mono, Log())
+    feedback = FlowFeedback(mono, Log())
     returned = feedback.account(
         rt, Outcome(record(), RETRY, error_kind="throttled", retriable=True, retry_after=30)
     )
@@ -135,21 +135,21 @@ def test_consecutive_failures_open_the_circuit_and_hand_back_the_queue():
     mono = Mono()
     conf = get_settings()
     rt = runtime()
-    feedback = FlowFeedback(conf, mono, Log())
+    feedback = FlowFeedback(mono, Log())
     failure = Outcome(record(), RETRY, error_kind="timeout", retriable=True)
-    for _ in range(conf.CIRCUIT_FAILURE_THRESHOLD - 1):
+    for _ in range(conf.CIRCUIT_BREAKER.failure_threshold - 1):
         assert feedback.account(rt, failure) == []
     rt.queue.extend(record() for _ in range(2))
     assert len(feedback.account(rt, failure)) == 2
     assert rt.breaker.is_open and rt.capacity(mono.now, CHUNK) == 0
     # After the cool-down a single probe may be claimed.
-    assert rt.capacity(mono.now + conf.CIRCUIT_COOLDOWN_SECONDS, CHUNK) == 1
+    assert rt.capacity(mono.now + conf.CIRCUIT_BREAKER.cooldown_seconds, CHUNK) == 1
 
 
 def test_successes_and_permanent_failures_leave_the_queue_alone():
     rt = runtime()
     rt.queue.append(record())
-    feedback = FlowFeedback(get_settings(), Mono(), Log())
+    feedback = FlowFeedback(Mono(), Log())
     assert feedback.account(rt, Outcome(record(), SENT)) == []
     assert feedback.account(rt, Outcome(record(), TERMINAL, error_kind="bad_request")) == []
     assert len(rt.queue) == 1 and not rt.breaker.is_open

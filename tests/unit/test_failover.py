@@ -25,11 +25,11 @@ def pair(fallback_concurrency: int = 2):
 
 
 def failover(mono: Mono) -> Failover:
-    return Failover(None, FlowFeedback(get_settings(), mono, Log()), mono)  # type: ignore[arg-type]
+    return Failover(None, FlowFeedback(mono, Log()), mono)  # type: ignore[arg-type]
 
 
 def open_circuit(rt, now: float) -> None:
-    for _ in range(get_settings().CIRCUIT_FAILURE_THRESHOLD):
+    for _ in range(get_settings().CIRCUIT_BREAKER.failure_threshold):
         rt.breaker.failure(now)
     assert rt.breaker.is_open
 
@@ -89,7 +89,7 @@ def test_a_paused_channel_with_a_fallback_keeps_its_queue_for_it():
     mono = Mono()
     primary, _ = pair()
     primary.queue.extend(record() for _ in range(2))
-    feedback = FlowFeedback(get_settings(), mono, Log())
+    feedback = FlowFeedback(mono, Log())
     throttled = Outcome(
         record(), RETRY, error_kind=THROTTLED, retriable=True, retry_after=30, ambiguous=False
     )

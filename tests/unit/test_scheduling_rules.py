@@ -20,7 +20,7 @@ from notifications_retry.delivery import FinalizeReport
 from notifications_retry.delivery.channel_rules import start_allowance_seconds
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.dispatcher import Dispatcher
+from notifications_retry.engine.dispatcher import CLAIM_CHUNK_SIZE, Dispatcher
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import wake_after
 from notifications_retry.models import ChannelConfig
@@ -60,13 +60,13 @@ def test_each_claim_asks_a_channel_for_at_most_its_chunk_and_an_emptied_channel_
     time = FakeTime()
     db = FakeDatabase(time)
     busy, small = channel(time, 1), channel(time, 2)
-    db.add(1, CONF.CLAIM_CHUNK_SIZE + 10)
+    db.add(1, CLAIM_CHUNK_SIZE + 10)
     db.add(2, 3)
     stats = run_tick(time, db, [busy, small])
-    assert all(limit <= CONF.CLAIM_CHUNK_SIZE for _, plan, _ in db.claims for limit in plan.values())
+    assert all(limit <= CLAIM_CHUNK_SIZE for _, plan, _ in db.claims for limit in plan.values())
     # The small channel came back short in the first claim: it is exhausted, never asked again.
     assert sum(1 for _, plan, _ in db.claims if 2 in plan) == 1
-    assert stats.sent == CONF.CLAIM_CHUNK_SIZE + 13 and not db.due[1] and not db.due[2]
+    assert stats.sent == CLAIM_CHUNK_SIZE + 13 and not db.due[1] and not db.due[2]
 
 
 # -- the rate limiter --------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def test_failures_open_the_circuit_then_no_call_and_the_unsent_rows_go_back_unsp
     db.add(1, 40)
     db.add(2, 10)
     stats = run_tick(time, db, [broken, healthy])
-    threshold = CONF.CIRCUIT_FAILURE_THRESHOLD
+    threshold = CONF.CIRCUIT_BREAKER.failure_threshold
     assert len(provider(broken).calls) == threshold, "not one call into an open circuit"
     assert broken.breaker.is_open
     assert stats.retried == threshold and stats.sent == 10
@@ -117,20 +117,20 @@ def test_failures_open_the_circuit_then_no_call_and_the_unsent_rows_go_back_unsp
     assert len(db.due[1]) == 40 - threshold
     assert all(r.attempts <= 1 for r in db.due[1])
     # The tick did not wait out the cool-down for them.
-    assert time.t < CONF.CIRCUIT_COOLDOWN_SECONDS
+    assert time.t < CONF.CIRCUIT_BREAKER.cooldown_seconds
 
 
 def test_after_the_cooldown_one_probe_is_claimed_and_its_success_reopens_the_channel():
     time = FakeTime()
     db = FakeDatabase(time)
-    answers = iter([fails] * CONF.CIRCUIT_FAILURE_THRESHOLD)
+    answers = iter([fails] * CONF.CIRCUIT_BREAKER.failure_threshold)
     rt = channel(time, 1, lambda m: next(answers, delivers)(m))
-    db.add(1, CONF.CIRCUIT_FAILURE_THRESHOLD)
+    db.add(1, CONF.CIRCUIT_BREAKER.failure_threshold)
     run_tick(time, db, [rt])
     assert rt.breaker.is_open
     db.due[1].clear()
     db.add(1, 20)
-    time.advance(CONF.CIRCUIT_COOLDOWN_SECONDS)
+    time.advance(CONF.CIRCUIT_BREAKER.cooldown_seconds)
     db.claims.clear()
     stats = run_tick(time, db, [rt])
     assert db.claims[0][1] == {1: 1}, "half open: one probe, not a chunk"
@@ -167,7 +167,7 @@ def test_the_deadline_ends_the_claims_and_the_tick_commits_what_it_sent():
     db.add(1, 1000)
     stats = run_tick(time, db, [rt], max_duration=10.0)
     assert stats.deadline_reached and not stats.stopped
-    assert 10.0 <= time.t < 10.0 + CONF.CLAIM_CHUNK_SIZE * 0.5
+    assert 10.0 <= time.t < 10.0 + CLAIM_CHUNK_SIZE * 0.5
     assert all(at < 10.0 for at, _, _ in db.claims), "no claim starts past the deadline"
     # A chunk of 500 at 0.5 s a call outlasts its leases: what could not start within them went back.
     allowance = start_allowance_seconds(rt.config, CONF.LEASE_GRACE_SECONDS)

@@ -7,14 +7,19 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
-from notifications_retry.conf import get_settings
+from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
 from notifications_retry.observability.liveness import check_process_liveness
 from notifications_retry.outbox.publishers import BUILTIN_PUBLISHERS
-from notifications_retry.outbox.relay import HEARTBEAT_NAME, run_relay
+from notifications_retry.outbox.relay import (
+    HEARTBEAT_NAME,
+    OUTBOX_RELAY_BATCH_SIZE,
+    OUTBOX_RELAY_INTERVAL_SECONDS,
+    run_relay,
+)
 
 
 class Command(BaseCommand):
@@ -35,13 +40,13 @@ class Command(BaseCommand):
             "--batch-size",
             type=option_types.positive_int,
             default=None,
-            help=f"Events claimed and published per batch (default {conf.OUTBOX_RELAY_BATCH_SIZE}).",
+            help=f"Events claimed and published per batch (default {OUTBOX_RELAY_BATCH_SIZE}).",
         )
         parser.add_argument(
             "--interval",
             type=option_types.positive_float,
             default=None,
-            help=f"Pause once the outbox is drained (default {conf.OUTBOX_RELAY_INTERVAL_SECONDS:g}).",
+            help=f"Pause once the outbox is drained (default {OUTBOX_RELAY_INTERVAL_SECONDS:g}).",
         )
         parser.add_argument(
             "--publisher",
@@ -76,7 +81,8 @@ class Command(BaseCommand):
             "--check",
             action="store_true",
             help="Liveness probe, with --heartbeat-file: exit 0 when the relay writing it did so within "
-            f"HEARTBEAT_MAX_AGE_SECONDS ({conf.HEARTBEAT_MAX_AGE_SECONDS:g}), 1 otherwise. "
+            f"{heartbeat_max_age(conf):g} s (two of the worker's intervals and MAX_DURATION_SECONDS, at "
+            "least 180), 1 otherwise. "
             "Publishes nothing.",
         )
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
-from notifications_retry.conf import get_settings
+from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
 from notifications_retry.engine.loop_tasks import OutboxGauges
@@ -141,8 +141,8 @@ class Command(BaseCommand):
             "--max-age",
             type=option_types.positive_float,
             default=None,
-            help=f"With --check: seconds after which the last completed tick is too old "
-            f"(default HEARTBEAT_MAX_AGE_SECONDS, {conf.HEARTBEAT_MAX_AGE_SECONDS:g}).",
+            help=f"With --check: seconds after which the last completed tick is too old (default "
+            f"{heartbeat_max_age(conf):g}: two intervals and MAX_DURATION_SECONDS, at least 180).",
         )
 
     def execute(self, *args: Any, **options: Any) -> str | None:
