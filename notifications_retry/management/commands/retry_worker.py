@@ -18,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS
 from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
-from notifications_retry.engine.loop_tasks import OutboxGauges
+from notifications_retry.engine.loop_tasks import OutboxGauges, UnreadableDueTimes
 from notifications_retry.engine.worker import Worker
 from notifications_retry.heap import prepare_for_long_run
 from notifications_retry.locks import LockNotDirect
@@ -192,6 +192,8 @@ class Command(BaseCommand):
     def _add_tasks(self, worker: Worker, options: dict[str, Any]) -> None:
         """What the worker's loop runs besides its ticks (engine.loop_tasks)."""
         worker.tasks.add(OutboxGauges(worker.clock))
+        # Every worker, elected or not: a row it can never take is set aside after its first tick.
+        worker.tasks.add(UnreadableDueTimes(worker.clock))
         # Imported when used: a worker started without them loads no publisher and no housekeeping.
         if not options["no_relay"]:
             from notifications_retry.outbox.relay import relay_task
