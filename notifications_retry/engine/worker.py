@@ -111,6 +111,8 @@ class Worker:
         signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
         metrics.precreate_series([], [], [self.lane])
         self._stop_at: float | None = None
+        #: The signal that asked for a stop, until the worker's thread says so (``stop-requested``).
+        self._signalled: str | None = None
         #: The stop budget last logged (``stop-budget``: at the first tick, and when channels change it).
         self._stop_budget: float | None = None
         # A looping worker keeps outcomes through an outage of any length (the claim token refuses a
@@ -123,12 +125,12 @@ class Worker:
         priorities = list(lane_conf.get("priorities") or []) or None
         #: What the loop runs besides ticks (the relay, housekeeping, the outbox gauges: the command adds
         #: them, engine.loop_tasks): after each tick, and in slices of the wait between ticks.
-        self.tasks = LoopTasks(monotonic=monotonic, stopping=self._stop.is_set)
+        self.tasks = LoopTasks(monotonic=monotonic, stopping=self._stopping)
         self.waiter = Waiter(
             self.tasks.around(LockConnectionPort(self.lock, channels=served, priorities=priorities)),
             clock=self.clock,
             monotonic=monotonic,
-            stopping=self._stop.is_set,
+            stopping=self._stopping,
             # A failed wait pauses on the stop event before it reconnects: a stop cuts the pause short.
             sleep=self._stop.wait,
             log=log.bind(lane=self.lane),
@@ -169,7 +171,7 @@ class Worker:
             reporter=self.reporter,
             send_loop=self._loop,
             monotonic=monotonic,
-            stopping=self._stop.is_set,
+            stopping=self._stopping,
             lane_priorities=list(lane_conf.get("priorities") or []) or None,
             claim_connection=self.claim_connection,
             beside_connection=self.beside_connection,
@@ -187,13 +189,23 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
+        return self._stopping()
+
+    def _stopping(self) -> bool:
+        """Whether a stop was asked; the first look after a signal says so (``stop-requested``)."""
+        if self._signalled is not None:
+            name, self._signalled = self._signalled, None
+            log.info("stop-requested", signal=name, lane=self.lane)
         return self._stop.is_set()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the worker at the next record boundary."""
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            log.info("stop-requested", signal=signal.Signals(signum).name, lane=self.lane)
+            # No log line here: the handler runs on the worker's thread between two of its steps, maybe
+            # inside the write of a log line, whose lock (structlog's PrintLogger holds one) it would wait
+            # for forever. The next look at the stop flag says it (_stopping).
+            self._signalled = signal.Signals(signum).name
             self.stop()
 
         signal.signal(signal.SIGTERM, handler)
@@ -232,6 +244,7 @@ class Worker:
                 if len(ticks) > 1000:
                     ticks = ticks[-1000:]
         finally:
+            self._stopping()  # a signal's stop is said, if no look at the flag said it yet
             self.close()
             if self._stop_at is not None:
                 # How long the stop took in this process (calls finished or abandoned, rows given back,
