@@ -11,13 +11,13 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
   start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
   the records their channels can no longer send on.
-- ``.claiming``: the tick's claims, on the send loop's claim connections (a second claim under way on a
-  backlog of inline rows) or Django's, and taking in what each claim returned.
+- ``.claiming``: the tick's claims, on the send loop's connection (a second claim under way on a
+  second one on a backlog of inline rows) or Django's, and taking in what each claim returned.
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel;
   what a finished call hands back (``Finished``, ``Returned``).
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
-- ``.loop_completer``: the completer's commits as a task of the send loop, on a connection of their
-  own; a batch that needs Django's ORM is committed on Django's connection.
+- ``.loop_completer``: the completer's commits as a task of the send loop, on its connection, in turn
+  with the claims; a batch that needs Django's ORM is committed on Django's connection.
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
 - ``.give_back``: claimed records given back unsent (a stop, a lost lock, an open circuit, a
   throttle's pause), their attempt with them.
@@ -34,7 +34,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.failures``: what a tick that failed on the database reports, and the pause before the next one.
 - ``.flow_control``: the rate limiter (a token bucket) and the circuit breaker.
 - ``.in_flight``: the worker's own cap on calls in flight across its channels.
-- ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for claims or commits.
+- ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for its claims and
+  commits, one transaction at a time.
 - ``.ownership``: whether a send may start: the cycle's lock seen held lately.
 - ``.partitions``: the lock a lane's worker ticks under; with ``PARTITIONS`` > 1, a lane's rows shared by
   identical workers: a lock per partition, a fair share each.

@@ -1,16 +1,16 @@
-"""Commits on the send loop: the completer's rule as a task of the worker's loop, on a connection of its own.
+"""Commits on the send loop: the completer's rule as a task of the worker's loop, on the loop's connection.
 
 A running worker commits its outcomes beside its claims. On the worker's thread, between claims, a
-commit (about 30 ms for a batch at high concurrency) made every claim behind it
-wait, so the calls in flight drained while nothing new was claimed. Here the commits are one task of
-the send loop (:class:`~notifications_retry.asyncio_bridge.SteppedLoop`), awaited on an asynchronous
-psycopg connection of their own (engine.loop_connection): they progress whenever the worker waits
-for its calls, as the sends do, and a commit never waits behind a claim, which has its connection
-too. That connection is opened on the worker's thread, the loop run until it is open, never by the
-task in the background (a half-done connect would hold a restarting server up); a commit that finds
-it closed goes to Django's connection, and the next one opens it again. The same
-:class:`~.completer.Completer` rule (size or delay, backoff through outages) decides
-when; its state is changed on the worker's thread only, inside or between the loop's steps.
+commit (about 30 ms for a batch at high concurrency) made every claim behind it wait, so the calls in
+flight drained while nothing new was claimed. Here the commits are one task of the send loop
+(:class:`~notifications_retry.asyncio_bridge.SteppedLoop`), awaited on the loop's asynchronous psycopg
+connection (engine.loop_connection), which the claims use too, in turns: they progress whenever the
+worker waits for its calls, as the sends do, and a commit waits at most for the claim under way. That
+connection is opened on the worker's thread, the loop run until it is open, never by the task in the
+background (a half-done connect would hold a restarting server up); a commit that finds it closed goes
+to Django's connection, and the next claim or commit opens it again. The same
+:class:`~.completer.Completer` rule (size or delay, backoff through outages) decides when; its state is
+changed on the worker's thread only, inside or between the loop's steps.
 
 A batch the loop's connection cannot commit goes to Django's connection instead, on the worker's
 thread (:meth:`LoopCompleter.due` is true and :meth:`LoopCompleter.commit` runs
@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, NeedsDjango, finalize_async
@@ -68,7 +69,8 @@ class LoopCompleter:
         self._reports: collections.deque[FinalizeReport] = collections.deque()
         completer.on_report = self._reports.append  # reported by deliver(), outside the loop's steps
         self._loop = loop
-        #: The commits' connection; none when ``commit`` (a test's) brings its own way to the database.
+        #: The commits' connection (the claims' too, in the worker); none when ``commit`` (a test's) brings
+        #: its own way to the database.
         self._connection: LoopConnection | None = None
         if commit is None:
             self._connection = connection if connection is not None else LoopConnection(loop, role="commits")
@@ -124,7 +126,7 @@ class LoopCompleter:
             self.deliver()
         return bool(self._for_django)
 
-    def commit(self, bound: Any) -> None:
+    def commit(self, bound: FilteringBoundLogger) -> None:
         """Commit the next batch the loop left to Django's connection, on this thread."""
         if self._for_django:
             batch = self._for_django.popleft()
@@ -157,7 +159,7 @@ class LoopCompleter:
         if error is not None:
             raise error
 
-    def drop_expired(self, bound: Any) -> None:
+    def drop_expired(self, bound: FilteringBoundLogger) -> None:
         self._completer.drop_expired(bound)
         now = self._completer.clock.now()
         kept = (self._completer.keep_leased(batch, now, bound) for batch in self._for_django)
@@ -188,7 +190,7 @@ class LoopCompleter:
             self._loop.spawn([self._commits()])
 
     def _connect(self) -> None:
-        """Open the commits' connection here, on the loop's owner (engine.loop_connection: never in the
+        """Open the loop's connection here, on the loop's owner (engine.loop_connection: never in the
         background); when it cannot be opened, the task leaves its batches to Django's connection."""
         monotonic, conn = self._completer.monotonic, self._connection
         if conn is None or conn.open or monotonic() < self._connect_after:
@@ -244,7 +246,9 @@ class LoopCompleter:
             self._task_running = False
             self._wake = None
 
-    async def _run(self, batch: list[Outcome], bound: Any) -> FinalizeReport | CommitUnavailable | None:
+    async def _run(
+        self, batch: list[Outcome], bound: FilteringBoundLogger
+    ) -> FinalizeReport | CommitUnavailable | None:
         """Commit ``batch`` on the loop: its report, an outage, or None (Django's connection commits it)."""
         try:
             return await self._commit_async(batch, self._completer.clock.now())

@@ -1,4 +1,4 @@
-"""An asynchronous psycopg connection the worker's send loop keeps: the claims' and the commits' own.
+"""The asynchronous psycopg connection the worker's send loop keeps: its claims' and its commits'.
 
 It is opened with the options of Django's connection to the same alias (TCP keepalives, no prepared
 statements, so a PgBouncer in transaction mode serves it as it serves Django) at its first use, and
@@ -7,6 +7,12 @@ worker. A kept connection the server closed meanwhile (a restart, an idle sessio
 its first statement: the work is tried once more, on a new one (``loop-connection-replaced``, so an
 operator sees the cut). Any other failure closes it and is raised: the caller redoes the work on
 Django's connection, whose fallbacks tell a refused row from an outage.
+
+The claims and the commits share it, so a worker holds three connections while it drains, its lock's
+and Django's included. They are tasks of one loop on one thread: each use (a transaction) runs whole
+before the next one starts, in the order they asked (:meth:`LoopConnection.run`), so a commit never
+runs inside a claim's transaction; a commit waits for a claim under way at most (a few milliseconds),
+and the calls in flight go on meanwhile.
 
 A connect must never be left half done while the loop stands still: a server that is shutting down
 (or starting) waits for the half-open session's startup message up to its ``authentication_timeout``
@@ -18,6 +24,7 @@ loop's owner, running the loop until it is done, and ``run(..., connect=False)``
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -35,14 +42,18 @@ log = structlog.get_logger("notifications_retry.worker")
 Work = Callable[["psycopg.AsyncConnection[Any]"], Awaitable[_T]]
 
 
+async def _opened(conn: psycopg.AsyncConnection[Any]) -> None:
+    """No work: :meth:`LoopConnection.run` opened the connection for it."""
+
+
 class NotConnected(Exception):
     """Background work found no open connection (the owner opens it: :meth:`LoopConnection.connect`)."""
 
 
 class LoopConnection:
-    """An ``AsyncConnection`` used by tasks of ``loop`` only (its owner's thread): no lock."""
+    """An ``AsyncConnection`` used by tasks of ``loop`` only (its owner's thread), one use at a time."""
 
-    #: What the connection is for, in its log events: ``claims`` or ``commits``.
+    #: What the connection is for, in its log events.
     role = "claims"
 
     def __init__(self, loop: SteppedLoop, *, alias: str = DEFAULT_DB_ALIAS, role: str | None = None) -> None:
@@ -51,17 +62,28 @@ class LoopConnection:
         if role is not None:
             self.role = role
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        #: One use at a time: the tasks of the one loop queue here, in order (made on the loop).
+        self._turns: asyncio.Lock | None = None
+        self._turns_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def open(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
     async def run(self, work: Work[_T], *, connect: bool = True) -> _T:
-        """``work(connection)``'s result; raises psycopg's errors (the connection closed first).
+        """``work(connection)``'s result, once the uses asked before it have ended; raises psycopg's
+        errors (the connection closed first).
 
         ``connect=False``: only on a connection already open, never tried again on a new one
         (:class:`NotConnected` when there is none).
         """
+        loop = asyncio.get_running_loop()
+        if self._turns is None or self._turns_loop is not loop:  # a loop closed and made again
+            self._turns, self._turns_loop = asyncio.Lock(), loop
+        async with self._turns:  # a transaction at a time: the claims' and the commits' take turns
+            return await self._run(work, connect)
+
+    async def _run(self, work: Work[_T], connect: bool) -> _T:
         retry = self.open and connect
         while True:
             if self._conn is None or self._conn.closed:
@@ -81,7 +103,7 @@ class LoopConnection:
     def connect(self) -> None:
         """Open the connection if it is not, running the loop until it is (raises psycopg's errors)."""
         if not self.open:
-            self.loop.run(self._connect())
+            self.loop.run(self.run(_opened))
 
     async def _connect(self) -> None:
         self._conn = await psycopg.AsyncConnection.connect(**self._params())

@@ -156,13 +156,18 @@ class Worker:
             max_batch=chunk_size(self.batch_size),
             slots=cap,
         )
-        # Commits and a second claimer run beside the claims, each on a connection of its own — unless
-        # this thread is inside a transaction (a test's), whose rows no other connection can see.
+        # Claims and commits run on the send loop's connection, taking turns (engine.loop_connection), and
+        # a second claimer beside them on a backlog of inline rows — unless this thread is inside a
+        # transaction (a test's), whose rows no other connection can see.
         beside = not connection.in_atomic_block
-        self.completer: Commits = LoopCompleter(completer, self._send_loop) if beside else completer
-        #: Where the claims run (engine.claiming), kept from tick to tick; and the claim beside them on
-        #: a backlog of inline rows, opened when one comes and closed at the end of its tick.
-        self.claim_connection = ClaimConnection(self._send_loop) if beside else None
+        #: The send loop's connection, kept from tick to tick; and the claim beside it on a backlog of
+        #: inline rows, opened when one comes and closed at the end of its tick.
+        self.claim_connection = ClaimConnection(self._send_loop, role="loop") if beside else None
+        self.completer: Commits = (
+            LoopCompleter(completer, self._send_loop, connection=self.claim_connection)
+            if self.claim_connection is not None
+            else completer
+        )
         self.beside_connection = ClaimConnection(self._send_loop, role="claims-beside") if beside else None
         self.dispatcher = Dispatcher(
             conf=conf,

@@ -1,4 +1,4 @@
-"""The worker commits outcomes on its send loop, on a connection of its own, beside its claims; a batch
+"""The worker commits outcomes on its send loop, on the connection its claims use in turn; a batch
 that needs Django's ORM, or whose statements fail there, is committed on Django's connection — and
 everything is inline inside a transaction (a test's), which no other connection could see."""
 
@@ -43,6 +43,14 @@ def rows(clock, server_url: str, count: int) -> list[NotificationEntity]:
     return due_notifications(clock, channel, count)
 
 
+def own_params() -> dict:
+    """Django's connection parameters, for a connection of the test's own."""
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return params
+
+
 def own_backend_pid() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
@@ -81,6 +89,15 @@ def test_outcomes_are_committed_on_the_loops_own_connection_on_the_workers_threa
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
     assert isinstance(worker.completer, LoopCompleter)
     recorder = Recorder(worker.completer)
+    claimed_on: set[int] = set()
+    claim = worker.claim_connection.claim
+
+    async def recording_claim(*args, **kwargs):
+        batch = await claim(*args, **kwargs)
+        claimed_on.add(worker.claim_connection._conn.info.backend_pid)
+        return batch
+
+    worker.claim_connection.claim = recording_claim
     try:
         [stats] = worker.run(once=True)
         own_pid = own_backend_pid()
@@ -89,10 +106,12 @@ def test_outcomes_are_committed_on_the_loops_own_connection_on_the_workers_threa
     assert stats.sent == 12 and stats.processed == 12, "every report reached the tick's stats"
     assert sum(n for _, _, n in recorder.on_loop) == 12 and recorder.on_django == []
     assert {name for name, _, _ in recorder.on_loop} == {threading.current_thread().name}
-    assert own_pid not in {pid for _, pid, _ in recorder.on_loop}, "commits ran beside the claims"
+    assert own_pid not in {pid for _, pid, _ in recorder.on_loop}, "commits ran beside Django's connection"
+    # The claims and the commits take turns on the send loop's one connection.
+    assert {pid for _, pid, _ in recorder.on_loop} == claimed_on
     assert set(NotificationEntity.objects.values_list("status", flat=True)) == {Status.SENT}
     assert Outbox.objects.filter(key__in=[str(r.pk) for r in created]).count() == 12
-    assert not worker.completer._connection.open, "the worker's close closed the commits' connection"
+    assert not worker.completer._connection.open, "the worker's close closed the loop's connection"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -236,12 +255,12 @@ def test_a_batch_the_loops_connection_fails_is_committed_on_djangos(webhook_serv
 def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_by_the_task(
     webhook_server, clock, monkeypatch
 ):
-    webhook_server.responder = lambda r: Reply(200, {"id": "m"})
     channel = ChannelFactory(key="hook", provider_key="webhook", options={"url": webhook_server.url})
     worker = Worker(batch_size=50, max_duration=30, clock=clock)
     recorder = Recorder(worker.completer)
     connects: list[str] = []
     real_connect = psycopg.AsyncConnection.connect
+    ended: list[int] = []
 
     async def recording_connect(*args, **kwargs):
         # A connect left half done while the loop stands still holds a restarting server up: the
@@ -249,8 +268,17 @@ def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_
         connects.append(asyncio.current_task().get_coro().__qualname__)
         return await real_connect(*args, **kwargs)
 
+    def end_the_loop_connection(request) -> Reply:
+        # During a call: the claim's transaction is over, the commit's has not begun.
+        if not ended:
+            ended.append(worker.claim_connection._conn.info.backend_pid)
+            with psycopg.connect(**own_params(), autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", [ended[0]])
+        return Reply(200, {"id": "m"})
+
     monkeypatch.setattr(psycopg.AsyncConnection, "connect", recording_connect)
     try:
+        webhook_server.responder = lambda r: Reply(200, {"id": "m"})
         due_notifications(clock, channel, 3)
         worker.tick()  # not run(): it closes the worker's connections when it returns
         # On a loaded machine the completer's delay can end between two answers: one tick's outcomes
@@ -258,15 +286,16 @@ def test_a_commit_connection_the_server_ended_is_opened_again_by_the_worker_not_
         first_tick = list(recorder.on_loop)
         [first_pid] = {pid for _, pid, _ in first_tick}
         assert sum(n for _, _, n in first_tick) == 3
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [first_pid])
+        webhook_server.responder = end_the_loop_connection
         due_notifications(clock, channel, 3)
         with capture_logs() as logs:
             worker.tick()  # its commit finds the connection ended: Django's connection commits it
+        webhook_server.responder = lambda r: Reply(200, {"id": "m"})
         due_notifications(clock, channel, 3)
-        worker.tick()
+        worker.tick()  # its claim opens a new connection, on which the commits go on
     finally:
         worker.close()
+    assert ended == [first_pid], "the claims and the commits share the loop's connection"
     [fallback] = [e for e in logs if e["event"] == "commit-fallback"]
     assert fallback["fallback"] == "django-connection"
     later = recorder.on_loop[len(first_tick) :]

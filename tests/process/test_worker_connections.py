@@ -1,0 +1,134 @@
+"""A worker holds at most three connections to PostgreSQL while it drains webhook rows and relays their
+events: its lock's (which also holds the relay's key locks and its partitions' locks), Django's, and its
+send loop's, where the claims and the commits take turns; N workers hold 3 N. Counted in
+``pg_stat_activity`` every few milliseconds, each backend traced to its worker process by its client
+port."""
+
+from __future__ import annotations
+
+import collections
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection, connections
+
+from notifications_retry.models import NotificationEntity, Outbox
+from tests.process.conftest import StartWorker, seed_due
+from tests.process.helpers import webhook_channel
+from tests.support.http_server import Reply, ScriptedServer
+from tests.support.processes import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+ROWS = 1_500
+#: The most connections a worker may hold during a drain, its lock's included.
+MOST = 3
+
+BACKENDS = """
+SELECT client_port FROM pg_stat_activity
+WHERE datname = %s AND backend_type = 'client backend' AND client_port IS NOT NULL
+"""
+
+
+def local_ports(pid: int) -> set[int]:
+    """The local TCP ports of process ``pid``'s sockets (its end of each connection)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = fd.readlink().as_posix()
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class ConnectionSampler(threading.Thread):
+    """Counts, every few milliseconds, the test database's backends whose client is each worker process."""
+
+    def __init__(self, dbname: str, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.dbname, self.pids = dbname, pids
+        #: For each worker, how many samples saw it hold each count of connections.
+        self.counts: dict[int, collections.Counter[int]] = {pid: collections.Counter() for pid in pids}
+        #: Samples of the workers' connections together.
+        self.totals: collections.Counter[int] = collections.Counter()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        conn = connections.create_connection("default")
+        try:
+            while not self.done.is_set():
+                with conn.cursor() as cursor:
+                    cursor.execute(BACKENDS, [self.dbname])
+                    clients = {row[0] for row in cursor.fetchall()}
+                # Read after the backends: a connection opened in between is not counted, never one
+                # closed in between (its port is no longer the worker's).
+                held = {pid: len(clients & local_ports(pid)) for pid in self.pids}
+                for pid, count in held.items():
+                    self.counts[pid][count] += 1
+                self.totals[sum(held.values())] += 1
+                time.sleep(0.005)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            conn.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_draining_and_relaying_workers_hold_at_most_three_connections_each(
+    start_worker: StartWorker, workers: int
+) -> None:
+    receiver = ScriptedServer(lambda request: Reply(200, {"id": "m"}, delay=0.02)).start()
+    try:
+        channel = webhook_channel(receiver.url, max_concurrency=16)
+        settings = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "PARTITIONS": workers}
+        started = [
+            start_worker(["--interval", "1", "--batch-size", "300"], settings, name=f"worker-{n}")
+            for n in range(workers)
+        ]
+        sampler = ConnectionSampler(connection.settings_dict["NAME"], [w.pid for w in started])
+        sampler.start()
+        for worker in started:
+            wait_until(lambda w=worker: "worker-tasks" in w.output(), 30, message="the worker's start")
+        seed_due(channel, ROWS)
+        try:
+            wait_until(
+                lambda: not NotificationEntity.objects.exclude(status="sent").exists(),
+                120,
+                message="every row sent",
+            )
+            wait_until(
+                lambda: not Outbox.objects.filter(published_at__isnull=True).exists(),
+                30,
+                message="every event published by the workers' relays",
+            )
+        finally:
+            sampler.done.set()
+            sampler.join(10)
+        for worker in started:
+            worker.send(signal.SIGTERM)
+        for worker in started:
+            assert worker.wait(30) == 0, worker.output()[-3000:]
+    finally:
+        receiver.stop()
+    assert sampler.error is None, sampler.error
+    for pid, counts in sampler.counts.items():
+        print(f"worker {pid}: samples of each count of its connections: {dict(sorted(counts.items()))}")
+    print(f"{workers} worker(s) together: {dict(sorted(sampler.totals.items()))}")
+    assert Outbox.objects.count() == ROWS
+    assert any("outbox-event-published" in worker.output() for worker in started)
+    assert sum(sampler.totals.values()) > 50, "the drain was sampled"
+    for counts in sampler.counts.values():
+        assert max(counts) <= MOST, counts
+    assert max(sampler.totals) <= MOST * workers, sampler.totals
