@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery bench-prune clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
+.PHONY: modules-bench demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery bench-prune clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
 
 # The demo's: the venv's own pip as the interpreter brings it (recent enough for an editable install), and
 # no byte-compiling of every dependency's modules (the demo compiles those it imports, on first use).
@@ -175,6 +175,12 @@ bench-suppression: $(VENV)/.installed
 health-bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.endpoint_health $(BENCH_ARGS)
+
+# The package modules a one-record `retry_worker --once` (webhook) imports, and those whose code it calls
+# (a fresh interpreter, database nr_modules_bench of the local server); BENCH_ARGS=--list names them.
+modules-bench: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.modules_run $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
