@@ -62,7 +62,9 @@ def modules_run() -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--list", action="store_true", help="print every module that ran")
     args = parser.parse_args(argv)
     os.environ.setdefault("NR_BENCH_DATABASE_NAME", "nr_modules_bench")
