@@ -12,7 +12,7 @@ def claim_time(channels: Sequence[int], repeat: int = 30) -> float:
     """Median milliseconds of one tick's claim (100 rows over ``channels``), rolled back each time."""
     from django.db import connection, transaction
 
-    from notifications_retry.delivery import ChannelClaim, claim_due
+    from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 
     budgets = {cid: (5, f"c{cid}") for cid in channels}
     plan = [ChannelClaim(cid, 100, 60.0) for cid in channels]
@@ -21,7 +21,7 @@ def claim_time(channels: Sequence[int], repeat: int = 30) -> float:
     for _ in range(repeat + 3):
         started = time.perf_counter()
         with transaction.atomic():
-            batch = claim_due(datetime.now(UTC), plan, total=100, budgets=budgets)
+            batch = claim_due(ClaimRequest(datetime.now(UTC), plan, total=100, budgets=budgets))
             transaction.set_rollback(True)
         times.append((time.perf_counter() - started) * 1000)
         assert len(batch.records) == 100, len(batch.records)

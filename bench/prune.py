@@ -93,7 +93,7 @@ def claim_times(
     (or, with ``until``, as long as that process runs)."""
     from django.db import connection, transaction
 
-    from notifications_retry.delivery import ChannelClaim, claim_due
+    from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 
     budgets = {due_channel: (5, "due")}
     plan = [ChannelClaim(due_channel, 100, 60.0)]
@@ -103,7 +103,7 @@ def claim_times(
     while (until.poll() is None) if until is not None else time.monotonic() < deadline:
         started = time.perf_counter()
         with transaction.atomic():
-            batch = claim_due(datetime.now(UTC), plan, total=100, budgets=budgets)
+            batch = claim_due(ClaimRequest(datetime.now(UTC), plan, total=100, budgets=budgets))
             transaction.set_rollback(True)
         times.append((time.perf_counter() - started) * 1000)
         assert len(batch.records) == 100, len(batch.records)

@@ -166,7 +166,7 @@ def claim_reading(partition_counts: list[int], rows: int, due_every: int, repeat
     from django.db import connection, transaction
 
     from bench.db import channel
-    from notifications_retry.delivery import ChannelClaim, Partitions, claim_due, claim_query
+    from notifications_retry.delivery import ChannelClaim, ClaimRequest, Partitions, claim_due, claim_query
 
     reset_rows()
     cid = channel("in_app", "in_app")
@@ -182,7 +182,9 @@ def claim_reading(partition_counts: list[int], rows: int, due_every: int, repeat
             started = time.perf_counter()
             with transaction.atomic():
                 batch = claim_due(
-                    datetime.now(UTC), plan, total=200, budgets={cid: (5, "in_app")}, partitions=owned
+                    ClaimRequest(
+                        datetime.now(UTC), plan, total=200, budgets={cid: (5, "in_app")}, partitions=owned
+                    )
                 )
                 transaction.set_rollback(True)
             times.append((time.perf_counter() - started) * 1000)

@@ -56,7 +56,7 @@ def _claim_ms(cid: int, repeat: int, lookup: Callable[..., Any], spent: list[flo
     """Median ms of one 500-row claim with ``lookup`` as the claim's suppression check; rows settled."""
     from django.db import transaction
 
-    from notifications_retry.delivery import ChannelClaim, claim, claim_due
+    from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim, claim_due
 
     original = claim.suppressed_in_batch
     claim.suppressed_in_batch = lookup  # type: ignore[attr-defined]
@@ -67,10 +67,12 @@ def _claim_ms(cid: int, repeat: int, lookup: Callable[..., Any], spent: list[flo
             started = time.perf_counter()
             with transaction.atomic():
                 batch = claim_due(
-                    datetime.now(UTC),
-                    [ChannelClaim(cid, CLAIM_ROWS, 60.0)],
-                    total=CLAIM_ROWS,
-                    budgets={cid: (5, "email")},
+                    ClaimRequest(
+                        datetime.now(UTC),
+                        [ChannelClaim(cid, CLAIM_ROWS, 60.0)],
+                        total=CLAIM_ROWS,
+                        budgets={cid: (5, "email")},
+                    )
                 )
                 transaction.set_rollback(True)
             times.append((time.perf_counter() - started) * 1000)

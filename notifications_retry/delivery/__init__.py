@@ -34,6 +34,7 @@ from __future__ import annotations
 from notifications_retry.delivery.claim import (
     ChannelClaim,
     ClaimBatch,
+    ClaimRequest,
     Partitions,
     TenantCaps,
     claim_due,
@@ -71,6 +72,7 @@ __all__ = [
     "UNDECODABLE",
     "ChannelClaim",
     "ClaimBatch",
+    "ClaimRequest",
     "ClaimedRecord",
     "CommitUnavailable",
     "FinalizeReport",

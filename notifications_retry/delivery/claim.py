@@ -26,13 +26,14 @@ import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import structlog
 from django.db import DatabaseError, connection, transaction
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery import row_limits
@@ -40,6 +41,7 @@ from notifications_retry.delivery.claim_statements import (
     CLAIM_PAYLOAD_BYTES,
     CLAIM_UPDATE,
     ChannelClaim,
+    ClaimRequest,
     Partitions,
     TenantCaps,
     claim_query,
@@ -81,39 +83,24 @@ Settle = Callable[[ClaimedRecord], Outcome | None]
 
 
 def claim_due(
-    now: datetime,
-    plan: Sequence[ChannelClaim],
-    *,
-    total: int,
-    budgets: Mapping[int, tuple[int, str]],
-    attempts_by_type: Mapping[str, int] | None = None,
-    priorities: Sequence[int] | None = None,
-    settle: Settle | None = None,
-    skip: Collection[uuid.UUID] = (),
-    max_payload_bytes: int | None = None,
-    log: Any = None,
-    partitions: Partitions | None = None,
+    request: ClaimRequest, *, settle: Settle | None = None, log: FilteringBoundLogger | None = None
 ) -> ClaimBatch:
-    """Lease up to ``total`` due rows (oldest due first), at most ``limit`` per channel.
+    """Lease up to ``request.total`` due rows (oldest due first), at most ``limit`` per channel of its plan.
 
-    ``budgets`` maps channel id to (max_attempts, key). ``settle`` may deliver a record on the spot:
-    it is called for each claimable record (its ``attempts`` already counting this attempt) and
-    returns an outcome, or None to lease the record. Only for providers that do no I/O
-    (``Provider.inline``): a settled record is finalized in this same short transaction, with no
-    lease, so a no-op drain writes each row once, not twice. If writing those outcomes fails, the
-    claim is redone without ``settle``, so the usual per-record finalize isolates the bad row.
-    ``skip`` lists rows set aside earlier as poison. ``max_payload_bytes`` (the worker passes its
-    settings' value) defaults to the ``MAX_PAYLOAD_BYTES`` setting. ``log`` (a structlog logger) says
-    when the claim falls back (``claim-fallback``); the worker passes its tick's. ``partitions``: only
-    rows of the partitions the worker owns (None: every row).
+    ``settle`` may deliver a record on the spot: it is called for each claimable record (its
+    ``attempts`` already counting this attempt) and returns an outcome, or None to lease the record.
+    Only for providers that do no I/O (``Provider.inline``): a settled record is finalized in this same
+    short transaction, with no lease, so a no-op drain writes each row once, not twice. If writing those
+    outcomes fails, the claim is redone without ``settle``, so the usual per-record finalize isolates the
+    bad row. ``log`` (a structlog logger) says when the claim falls back (``claim-fallback``); the worker
+    passes its tick's.
     """
     log = log if log is not None else default_log
-    plan = [p for p in plan if p.limit > 0]
+    plan = [p for p in request.plan if p.limit > 0]
+    total = request.total
     if not plan or total <= 0:
         return ClaimBatch([], [])
-    if max_payload_bytes is None:
-        max_payload_bytes = get_settings().MAX_PAYLOAD_BYTES
-    claim = _Claim(now, budgets, attempts_by_type or {}, priorities, skip, max_payload_bytes, partitions)
+    claim = _Claim(request)
     if settle is not None:
         delivered = 0
 
@@ -143,62 +130,35 @@ def claim_due(
 
 
 async def claim_due_async(
-    conn: psycopg.AsyncConnection[tuple[object, ...]],
-    now: datetime,
-    plan: Sequence[ChannelClaim],
-    *,
-    total: int,
-    budgets: Mapping[int, tuple[int, str]],
-    attempts_by_type: Mapping[str, int] | None,
-    priorities: Sequence[int] | None,
-    skip: Collection[uuid.UUID],
-    max_payload_bytes: int,
-    partitions: Partitions | None = None,
-    settle: Settle | None = None,
+    conn: psycopg.AsyncConnection[tuple[object, ...]], request: ClaimRequest, *, settle: Settle | None = None
 ) -> ClaimBatch:
-    """Lease up to ``total`` due rows by ``plan`` on ``conn`` as :func:`claim_due` does, ``settle``
+    """Lease up to ``request.total`` due rows on ``conn`` as :func:`claim_due` does, ``settle``
     included (the settled rows' events written by ``COPY``); raises what psycopg raised, or
     :class:`~notifications_retry.delivery.finalize.NeedsDjango` (``outcome_steps``), the transaction
     rolled back: the caller redoes the claim through :func:`claim_due`."""
-    plan = [p for p in plan if p.limit > 0]
-    if not plan or total <= 0:
+    plan = [p for p in request.plan if p.limit > 0]
+    if not plan or request.total <= 0:
         return ClaimBatch([], [])
-    claim = _Claim(
-        now,
-        budgets,
-        attempts_by_type or {},
-        priorities,
-        skip,
-        max_payload_bytes,
-        partitions,
-        server_version=conn.info.server_version,
-    )
-    steps = bounded(claim.steps(plan, total, settle, orm=False))
+    claim = _Claim(request, server_version=conn.info.server_version)
+    steps = bounded(claim.steps(plan, request.total, settle, orm=False))
     return await run_transaction_async(conn, steps, copy=settle is not None)
 
 
 class _Claim:
     """One claim's parameters and the rows it read."""
 
-    def __init__(
-        self,
-        now: datetime,
-        budgets: Mapping[int, tuple[int, str]],
-        by_type: Mapping[str, int],
-        priorities: Sequence[int] | None,
-        skip: Collection[uuid.UUID],
-        max_payload_bytes: int,
-        partitions: Partitions | None = None,
-        server_version: int | None = None,
-    ) -> None:
-        self.now = now
+    def __init__(self, request: ClaimRequest, server_version: int | None = None) -> None:
+        self.now = request.now
         self.server_version = server_version
-        self.partitions = partitions
-        self.budgets = budgets
-        self.by_type = by_type
-        self.priorities = priorities
-        self.skip = set(skip)
-        self.max_payload_bytes = max_payload_bytes
+        self.partitions = request.partitions
+        self.budgets = request.budgets
+        self.by_type = request.attempts_by_type
+        self.priorities = request.priorities
+        self.skip = set(request.skip)
+        if request.max_payload_bytes is None:
+            self.max_payload_bytes = get_settings().MAX_PAYLOAD_BYTES
+        else:
+            self.max_payload_bytes = request.max_payload_bytes
         #: Why each row of the batch in hand is suppressed (one lookup per batch, in the claim).
         self.suppressed: Mapping[uuid.UUID, str] = {}
 
@@ -334,7 +294,9 @@ class _Claim:
             ),
         )
 
-    def isolate(self, plan: Sequence[ChannelClaim], total: int, cause: BaseException, log: Any) -> ClaimBatch:
+    def isolate(
+        self, plan: Sequence[ChannelClaim], total: int, cause: BaseException, log: FilteringBoundLogger
+    ) -> ClaimBatch:
         """The batch failed as a whole: give lapsed leases back one by one, then claim the due rows one
         by one, and set aside the rows that fail alone (the give-back runs first in every claim, so a
         lapsed row it cannot write would fail every claim too)."""
@@ -387,6 +349,7 @@ __all__ = [
     "CLAIM_PAYLOAD_BYTES",
     "ChannelClaim",
     "ClaimBatch",
+    "ClaimRequest",
     "Partitions",
     "TenantCaps",
     "claim_due",

@@ -1,6 +1,6 @@
 """The claim's SQL statements (run by :mod:`.claim`): what is selected and locked, and the lease update;
-the claim's plan (:class:`ChannelClaim`, :class:`Partitions`) and :func:`claim_query`, which builds the
-SELECT from it."""
+the claim's request and plan (:class:`ClaimRequest`, :class:`ChannelClaim`, :class:`Partitions`) and
+:func:`claim_query`, which builds the SELECT from them."""
 
 from __future__ import annotations
 
@@ -308,6 +308,29 @@ class Partitions:
 
     count: int
     owned: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimRequest:
+    """One claim, handed from the worker's claims (engine.claiming) to the statements that run it.
+
+    ``plan``: what to claim of each channel; ``total``: rows in all at most; ``budgets``: each channel's
+    (max_attempts, key), as the claim judges a row's attempt budget; ``attempts_by_type``: budgets by
+    notification type (``ATTEMPTS_BY_TYPE``); ``priorities``: only rows of these priorities (a lane's;
+    None: any); ``skip``: rows set aside earlier as poison; ``max_payload_bytes``: the largest payload
+    sent (None: the ``MAX_PAYLOAD_BYTES`` setting); ``partitions``: only rows of the partitions the
+    worker owns (None: every row).
+    """
+
+    now: datetime
+    plan: Sequence[ChannelClaim]
+    total: int
+    budgets: Mapping[int, tuple[int, str]]
+    attempts_by_type: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    priorities: Sequence[int] | None = None
+    skip: Collection[uuid.UUID] = ()
+    max_payload_bytes: int | None = None
+    partitions: Partitions | None = None
 
 
 #: Payload bytes one claim reads at most (estimated from what the rows store): with the claim beside

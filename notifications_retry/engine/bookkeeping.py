@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.clock import Clock
 from notifications_retry.delivery.session import bound_transaction
@@ -43,7 +44,7 @@ class Bookkeeping:
         """The lane's heartbeat row says a tick started (the admin's and the liveness check's)."""
         self._heartbeat(started_at=started_at)
 
-    def tick_ended(self, stats: TickStats, bound: Any, *, stopping: bool) -> None:
+    def tick_ended(self, stats: TickStats, bound: FilteringBoundLogger, *, stopping: bool) -> None:
         """After a tick: its metric and log line always, the counts and the heartbeat row when due."""
         try:
             self._book(stats, bound, stopping=stopping)
@@ -51,7 +52,7 @@ class Bookkeeping:
             # Set last, every tick: a scrape that sees the tick completed sees the backlog counted after it.
             metrics.LAST_TICK_COMPLETED.labels(self.lane).set(time.time())
 
-    def _book(self, stats: TickStats, bound: Any, *, stopping: bool) -> None:
+    def _book(self, stats: TickStats, bound: FilteringBoundLogger, *, stopping: bool) -> None:
         now_mono = self.monotonic()
         if self.booked_at is not None and now_mono - self.booked_at < BOOKKEEPING_SECONDS and not stopping:
             log_cycle(stats, bound)
@@ -95,7 +96,7 @@ class Bookkeeping:
             WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
 
 
-def log_cycle(stats: TickStats, bound: Any) -> None:
+def log_cycle(stats: TickStats, bound: FilteringBoundLogger) -> None:
     """``cycle-completed``: what the tick did."""
     bound.info(
         "cycle-completed",

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import DatabaseError
 from django.db.models import Count
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import RetrySettings, tenant_rate_limits
 from notifications_retry.engine.channels import ChannelRuntime, channel_fingerprint
@@ -82,7 +83,9 @@ class ChannelSet:
             metrics.precreate_series([], [], [], failovers=sorted(pairs))
             self._failover_series |= pairs
 
-    def load(self, now: datetime, bound: Any) -> tuple[dict[int, ChannelRuntime], dict[str, int]]:
+    def load(
+        self, now: datetime, bound: FilteringBoundLogger
+    ) -> tuple[dict[int, ChannelRuntime], dict[str, int]]:
         """Usable channels of this lane, and how many due rows wait on each unusable one (by key)."""
         every = list(ChannelConfig.objects.all())
         configs = self._served(every)
@@ -108,7 +111,10 @@ class ChannelSet:
         return usable, waiting
 
     def _link_fallbacks(
-        self, usable: dict[int, ChannelRuntime], every: Mapping[int, ChannelConfig], bound: Any
+        self,
+        usable: dict[int, ChannelRuntime],
+        every: Mapping[int, ChannelConfig],
+        bound: FilteringBoundLogger,
     ) -> None:
         """Give each channel its fallback's runtime when that channel is usable here; say why not otherwise.
 
@@ -181,7 +187,7 @@ class ChannelSet:
         return runtime
 
     def _report_unusable(
-        self, unusable: Mapping[int, tuple[ChannelConfig, str]], now: datetime, bound: Any
+        self, unusable: Mapping[int, tuple[ChannelConfig, str]], now: datetime, bound: FilteringBoundLogger
     ) -> dict[str, int]:
         counts = (
             NotificationEntity.objects.due(now)

@@ -2,15 +2,15 @@
 taking in what each claim returned.
 
 A claim settles inline channels' records on the spot (their outcomes are written by the claim's own
-transaction) and leases the others for the send loop. Claims run on the :class:`ClaimConnection`, an
-asynchronous psycopg connection the send loop awaits them on (engine.loop_connection): the calls in
-flight go on while the server claims. With a backlog of inline rows one claim at a time leaves a core
-idle: the worker's Python and the server take turns. So once a claim of inline channels alone came back
-full, every claim has another running beside it on a second connection, a task of the same loop: while
-one waits for the server, the other's Python (reading its rows, settling them) runs. ``SKIP LOCKED``
-keeps their rows apart. Everything runs on the worker's thread, so the channels' state (rate limiter,
-circuit, pause), the tick's stats and the reporter need no lock; what a claim returned is taken in by
-the dispatcher between the loop's steps.
+transaction) and leases the others for the send loop. Claims run on the :class:`ClaimConnection`, the
+asynchronous psycopg connection the send loop awaits them on, the commits' too, in turn
+(engine.loop_connection): the calls in flight go on while the server claims. With a backlog of inline
+rows one claim at a time leaves a core idle: the worker's Python and the server take turns. So once a
+claim of inline channels alone came back full, every claim has another running beside it on a second
+connection, a task of the same loop: while one waits for the server, the other's Python (reading its
+rows, settling them) runs. ``SKIP LOCKED`` keeps their rows apart. Everything runs on the worker's
+thread, so the channels' state (rate limiter, circuit, pause), the tick's stats and the reporter need no
+lock; what a claim returned is taken in by the dispatcher between the loop's steps.
 
 A claim that comes back short beside another may only have met the other's locked rows, so it never
 marks a channel exhausted: claims go back to one at a time, and a short claim alone does.
@@ -26,15 +26,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, NeedsDjango, Partitions, claim_due_async
+from notifications_retry.delivery import (
+    ChannelClaim,
+    ClaimBatch,
+    ClaimRequest,
+    NeedsDjango,
+    Partitions,
+    claim_due_async,
+)
 from notifications_retry.delivery.channel_rules import RATE_HORIZON_SECONDS
+from notifications_retry.delivery.claim import Settle
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
@@ -56,18 +65,13 @@ _REDONE = (psycopg.Error, NeedsDjango, NotConnected)
 
 
 class ClaimConnection(LoopConnection):
-    """Claims awaited on the worker's send loop, on a connection of their own (engine.loop_connection)."""
+    """Claims awaited on the worker's send loop, on its connection (engine.loop_connection)."""
 
-    async def claim(
-        self, now: Any, plan: Sequence[ChannelClaim], *, connect: bool, **options: Any
-    ) -> ClaimBatch:
+    async def claim(self, request: ClaimRequest, *, connect: bool, settle: Settle | None) -> ClaimBatch:
         """The claim, awaited on the send loop (the calls in flight go on meanwhile); raises psycopg's
         errors, :class:`~notifications_retry.delivery.NeedsDjango`, and (``connect=False``, a claim in
-        the background) :class:`NotConnected` when the connection is not open.
-
-        ``options``: :func:`~notifications_retry.delivery.claim_due_async`'s own.
-        """
-        return await self.run(lambda conn: claim_due_async(conn, now, plan, **options), connect=connect)
+        the background) :class:`NotConnected` when the connection is not open."""
+        return await self.run(lambda conn: claim_due_async(conn, request, settle=settle), connect=connect)
 
 
 @dataclasses.dataclass
@@ -168,7 +172,7 @@ class Claims:
                 plan.append(ChannelClaim(cid, wanted[cid], rt.lease_seconds(self.conf), caps))
         return plan
 
-    def claim(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> None:
+    def claim(self, plan: list[ChannelClaim], remaining: int, bound: FilteringBoundLogger) -> None:
         """Claim up to ``remaining`` rows by ``plan``.
 
         Alone, one claim, run until it ends. Paired, a claim on each connection not claiming already
@@ -189,7 +193,7 @@ class Claims:
         batch, pending = self._redo(attempt, plan, remaining, self.poisoned, bound)
         self._take(batch, pending, plan, remaining, bound, alone=True)
 
-    def take_ahead(self, bound: Any, *, wait: bool) -> None:
+    def take_ahead(self, bound: FilteringBoundLogger, *, wait: bool) -> None:
         """Take in the claims under way that ended, or (``wait``, or no longer paired) all, once they end."""
         # Unpaired, nothing more is claimed beside them: their rows are waited for, never polled.
         if wait or not self.paired:
@@ -198,7 +202,7 @@ class Claims:
         else:
             self._take_ended(bound)
 
-    def finish(self, bound: Any) -> None:
+    def finish(self, bound: FilteringBoundLogger) -> None:
         """End of a tick: take in the claims still under way (their rows are committed), then close the
         second connection, so a tick leaves no second session open."""
         try:
@@ -230,7 +234,7 @@ class Claims:
             if rt is not None:
                 rt.queue.append(record)
 
-    def _start_pair(self, plan: list[ChannelClaim], remaining: int, bound: Any) -> bool:
+    def _start_pair(self, plan: list[ChannelClaim], remaining: int, bound: FilteringBoundLogger) -> bool:
         """Start a claim on each open connection not claiming already; whether any claim is under way.
 
         Claims in the background never connect (engine.loop_connection): the second connection is
@@ -253,21 +257,21 @@ class Claims:
             remaining -= total
         return bool(self.under_way)
 
-    def _take_first(self, bound: Any) -> None:
+    def _take_first(self, bound: FilteringBoundLogger) -> None:
         """Run the send loop until a claim under way ends; take in those that ended."""
         if not any(claim.task.done() for claim in self.under_way):
             tasks = [claim.task for claim in self.under_way]
             self.under_way[0].connection.loop.run(asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED))
         self._take_ended(bound)
 
-    def _take_ended(self, bound: Any) -> None:
+    def _take_ended(self, bound: FilteringBoundLogger) -> None:
         """Take in the claims under way that ended (a claim that must be redone, on Django's connection)."""
         for claim in [claim for claim in self.under_way if claim.task.done()]:
             self.under_way.remove(claim)
             batch, pending = self._redo(claim.task.result(), claim.plan, claim.total, claim.skip, bound)
             self._take(batch, pending, claim.plan, claim.total, bound, alone=claim.alone)
 
-    def _connected(self, connection: ClaimConnection, bound: Any) -> bool:
+    def _connected(self, connection: ClaimConnection, bound: FilteringBoundLogger) -> bool:
         """Open ``connection`` from the loop's owner; a connect that fails leaves the claims one at a
         time until the next tick."""
         try:
@@ -278,17 +282,19 @@ class Claims:
             return False
         return True
 
-    def _options(self, total: int, skip: Collection[Any]) -> dict[str, Any]:
-        """The claim's options, as both drivers take them."""
-        return {
-            "total": total,
-            "budgets": self.budgets,
-            "attempts_by_type": self.conf.ATTEMPTS_BY_TYPE,
-            "priorities": self.lane_priorities,
-            "skip": skip,
-            "max_payload_bytes": self.conf.MAX_PAYLOAD_BYTES,
-            "partitions": self.partitions,
-        }
+    def _request(self, plan: list[ChannelClaim], total: int, skip: Collection[Any]) -> ClaimRequest:
+        """The claim to run now, as both drivers take it."""
+        return ClaimRequest(
+            now=self.now(),
+            plan=plan,
+            total=total,
+            budgets=self.budgets,
+            attempts_by_type=self.conf.ATTEMPTS_BY_TYPE,
+            priorities=self.lane_priorities,
+            skip=skip,
+            max_payload_bytes=self.conf.MAX_PAYLOAD_BYTES,
+            partitions=self.partitions,
+        )
 
     def _settler(self, attempt: Attempt) -> Callable[[ClaimedRecord], Outcome | None]:
         """Delivers an inline channel's record inside its claim (providers without I/O: one row write
@@ -316,14 +322,10 @@ class Claims:
         """One claim on ``connection``, never raising what makes it be redone on Django's connection."""
         attempt = Attempt(None, [])
         inline = any(self.runtimes[p.channel_id].inline for p in plan)
-        options = self._options(total, skip)
+        request = self._request(plan, total, skip)
         try:
             attempt.batch = await connection.claim(
-                self.now(),
-                plan,
-                connect=connect,
-                settle=self._settler(attempt) if inline else None,
-                **options,
+                request, connect=connect, settle=self._settler(attempt) if inline else None
             )
         except _REDONE as exc:
             attempt.error = exc
@@ -331,7 +333,12 @@ class Claims:
         return attempt
 
     def _redo(
-        self, attempt: Attempt, plan: list[ChannelClaim], total: int, skip: Collection[Any], bound: Any
+        self,
+        attempt: Attempt,
+        plan: list[ChannelClaim],
+        total: int,
+        skip: Collection[Any],
+        bound: FilteringBoundLogger,
     ) -> tuple[ClaimBatch, list[Outcome]]:
         """``attempt``'s rows, or the claim redone on Django's connection, whose fallbacks tell a poison
         row from an outage (without settling, if the attempt had delivered records: they are leased
@@ -343,8 +350,7 @@ class Claims:
             bound.warning("claim-fallback", fallback="django-connection", error=first_line(error))
         redone = Attempt(None, [])
         settle = self._settler(redone) if not attempt.delivered else None
-        options = self._options(total, skip)
-        return self.db.claim(self.now(), plan, settle=settle, log=bound, **options), redone.pending
+        return self.db.claim(self._request(plan, total, skip), settle=settle, log=bound), redone.pending
 
     def _take(
         self,
@@ -352,7 +358,7 @@ class Claims:
         pending: list[Outcome],
         plan: list[ChannelClaim],
         remaining: int,
-        bound: Any,
+        bound: FilteringBoundLogger,
         *,
         alone: bool,
     ) -> None:

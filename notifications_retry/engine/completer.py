@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.clock import Clock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, finalize
@@ -52,7 +53,7 @@ class HeldSlots(Protocol):
 class Commits(Protocol):
     """What the worker and the dispatcher ask of a completer, inline or on its own thread."""
 
-    bound: Any
+    bound: FilteringBoundLogger
 
     @property
     def pending(self) -> int: ...
@@ -60,11 +61,11 @@ class Commits(Protocol):
     def unavailable(self) -> bool: ...
     def add(self, outcomes: Iterable[Outcome]) -> None: ...
     def due(self, *, flush: bool = False) -> bool: ...
-    def commit(self, bound: Any) -> None: ...
+    def commit(self, bound: FilteringBoundLogger) -> None: ...
     def wait_hint(self) -> float: ...
     def wait(self, seconds: float, sleep: Callable[[float], None]) -> None: ...
     def deliver(self) -> None: ...
-    def drop_expired(self, bound: Any) -> None: ...
+    def drop_expired(self, bound: FilteringBoundLogger) -> None: ...
     def close(self) -> None: ...
 
 
@@ -105,7 +106,7 @@ class Completer:
         #: Commit attempts that found the database unreachable (for tests and the tick's stats).
         self.outages = 0
         #: The logger of the tick under way (the loop's commits log with it; inline, ``commit`` is given it).
-        self.bound: Any = log
+        self.bound: FilteringBoundLogger = log
 
     @property
     def pending(self) -> int:
@@ -147,7 +148,7 @@ class Completer:
         """Whether a send waits for a slot only a commit frees: then the batch delay is not waited out."""
         return self.slots is not None and self.slots.waiting_for_commit
 
-    def commit(self, bound: Any) -> None:
+    def commit(self, bound: FilteringBoundLogger) -> None:
         """Commit up to ``max_batch`` waiting outcomes; keep them when the database is unreachable."""
         batch = self.take()
         self.settle(self.run(batch), bound)
@@ -171,7 +172,7 @@ class Completer:
         # The tick's logger: a finalize that falls back says so with the tick's job_run_id and lane.
         return finalize(batch, now, log=self.bound)
 
-    def settle(self, result: FinalizeReport | CommitUnavailable, bound: Any) -> None:
+    def settle(self, result: FinalizeReport | CommitUnavailable, bound: FilteringBoundLogger) -> None:
         """Report a commit's result; outcomes it could not write wait again, first in line, with backoff."""
         if isinstance(result, CommitUnavailable):
             self._release(result.report)
@@ -202,7 +203,9 @@ class Completer:
         if self.slots is not None:
             self.slots.release([*report.applied, *report.stale, *report.failed])
 
-    def keep_leased(self, outcomes: list[Outcome], now: datetime, bound: Any) -> list[Outcome]:
+    def keep_leased(
+        self, outcomes: list[Outcome], now: datetime, bound: FilteringBoundLogger
+    ) -> list[Outcome]:
         """Outcomes whose lease still holds; the rest are dropped and logged."""
         kept: list[Outcome] = []
         dropped: list[Outcome] = []
@@ -227,7 +230,7 @@ class Completer:
         """A batch taken but not committed (its commit was cancelled): first in line again."""
         self._pending = [*batch, *self._pending]
 
-    def drop_expired(self, bound: Any) -> None:
+    def drop_expired(self, bound: FilteringBoundLogger) -> None:
         """Forget outcomes whose lease ran out (called while waiting for the database)."""
         self._pending = self.keep_leased(self._pending, self.clock.now(), bound)
 
@@ -247,7 +250,7 @@ class Completer:
 
 def commit_in_hand(
     completer: Commits,
-    bound: Any,
+    bound: FilteringBoundLogger,
     *,
     give_up: Callable[[], bool],
     drop_expired: Callable[[], bool],

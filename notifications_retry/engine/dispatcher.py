@@ -22,9 +22,9 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
@@ -33,7 +33,7 @@ from notifications_retry.delivery.health import disables_at_once
 from notifications_retry.engine.channels import ChannelRuntime, next_wait
 from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
-from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
+from notifications_retry.engine.executor import Executor, calls_bound_seconds
 from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible, sort_returns
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.engine.give_back import GiveBack
@@ -145,7 +145,7 @@ class Dispatcher:
         batch_size: int,
         deadline: float,
         lock: AdvisoryLock,
-        bound: Any,
+        bound: FilteringBoundLogger,
     ) -> None:
         """Claim, send and commit until done, the batch is full, the deadline passed, or a stop was asked."""
         self.feedback.bound = bound
@@ -161,8 +161,7 @@ class Dispatcher:
         # No call may outlive its timeout and the executor's grace (the one grace after a timeout, so
         # the executor's own timeout outcome always comes first): past that (a provider that ignores
         # its own deadline) the tick stops waiting, and the records come back after their lease.
-        calls_bound = max([float(rt.config.timeout_seconds) for rt in runtimes.values()] or [0.0])
-        calls_bound += ABANDON_GRACE_SECONDS
+        calls_bound = calls_bound_seconds(runtimes.values())
         drain_from: float | None = None
         claims = self.claims
         partitioned = lock if isinstance(lock, PartitionLock) else None
@@ -248,7 +247,7 @@ class Dispatcher:
                 # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).
                 completer.wait(min(next_wait(runtimes, self.monotonic()), completer.wait_hint()), self.sleep)
 
-    def finish_calls(self, bound: Any, timeout: float) -> None:
+    def finish_calls(self, bound: FilteringBoundLogger, timeout: float) -> None:
         """Wait for the calls in flight (up to ``timeout`` seconds) and collect their outcomes.
 
         Records still queued start no call: the tick ended on a database error (or its calls outlived
@@ -312,7 +311,9 @@ class Dispatcher:
             self._stop(rt, "the endpoint answered 410 Gone")
         return outcome
 
-    def _release_queued(self, runtimes: dict[int, ChannelRuntime], bound: Any, reason: str) -> None:
+    def _release_queued(
+        self, runtimes: dict[int, ChannelRuntime], bound: FilteringBoundLogger, reason: str
+    ) -> None:
         """Give back claimed records not started yet: only the calls in flight are finished."""
         queued = [record for rt in runtimes.values() for record in [*take_queue(rt), *rt.take_lapsed()]]
         self.give_back.release(queued, reason, bound)
@@ -451,7 +452,7 @@ class Dispatcher:
         self.done.append(finished)
         self.send_loop().signal()
 
-    def collect(self, timeout: float, batch_delay: float, bound: Any) -> None:
+    def collect(self, timeout: float, batch_delay: float, bound: FilteringBoundLogger) -> None:
         """Hand finished calls to the completer, running the send loop up to ``timeout`` for the first one."""
         if not self.done and timeout > 0:
             self.send_loop().wait(timeout)

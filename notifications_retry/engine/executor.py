@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +38,18 @@ from notifications_retry.providers.base import SendResult
 #: The grace after a timeout, the only one: a provider call that outlives its channel timeout by this much
 #: is abandoned as a timeout, and a tick that stopped claiming waits no longer for its calls.
 ABANDON_GRACE_SECONDS = 0.5
+
+
+def abandoned_after(timeout_seconds: float) -> float:
+    """How long a call of a channel whose timeout is ``timeout_seconds`` runs at most: past its timeout
+    and :data:`ABANDON_GRACE_SECONDS`, it is abandoned as a timeout (the executor's deadline), and the
+    tick waits for it no longer."""
+    return float(timeout_seconds) + ABANDON_GRACE_SECONDS
+
+
+def calls_bound_seconds(runtimes: Iterable[ChannelRuntime]) -> float:
+    """How long the calls of these channels run at most: :func:`abandoned_after` the largest timeout."""
+    return abandoned_after(max((float(rt.config.timeout_seconds) for rt in runtimes), default=0.0))
 
 
 class Executor:
@@ -171,7 +183,7 @@ class Executor:
         try:
             with self._provider_span(rt, record):
                 # An answer that came back while the process was paused counts (not a timeout).
-                async with deadline(float(rt.config.timeout_seconds) + ABANDON_GRACE_SECONDS) as watchdog:
+                async with deadline(abandoned_after(rt.config.timeout_seconds)) as watchdog:
                     result = await self._await(provider, message)
         except Exception as exc:
             if watchdog is not None and watchdog.expired():

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
@@ -187,7 +186,7 @@ class Failover:
         primary: Outcome,
         answer: Outcome,
     ) -> None:
-        bound: Any = self.feedback.bound
+        bound = self.feedback.bound
         if bound is None:
             return
         bound.warning(

@@ -4,9 +4,9 @@ its circuit), and which of the channel's queued records it can then no longer se
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
@@ -25,7 +25,7 @@ class FlowFeedback:
     returns the queued records the channel must not send now (they are given back or rescheduled).
     """
 
-    def __init__(self, monotonic: Callable[[], float], bound: Any) -> None:
+    def __init__(self, monotonic: Callable[[], float], bound: FilteringBoundLogger | None) -> None:
         self.monotonic = monotonic
         self.bound = bound
 
@@ -41,7 +41,7 @@ class FlowFeedback:
             if now_mono + pause > rt.paused_until:
                 rt.paused_until, rt.paused_at = now_mono + pause, now_mono
             rt.breaker.neutral()
-            self.bound.warning(
+            (self.bound or log).warning(
                 "channel-throttled", channel=rt.config.key, pause_s=round(pause, 3), deferred=len(rt.queue)
             )
             # A channel with a fallback keeps its queue: the fallback sends it, or it is handed back then.

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 from django.db import DatabaseError, InterfaceError
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine.channels import ChannelRuntime
@@ -55,7 +56,9 @@ class GiveBack:
         #: Records a database fault kept from going back, oldest first (:meth:`release_kept`).
         self.kept: list[Kept] = []
 
-    def release(self, records: list[ClaimedRecord], reason: str, bound: Any = None) -> None:
+    def release(
+        self, records: list[ClaimedRecord], reason: str, bound: FilteringBoundLogger | None = None
+    ) -> None:
         """Give ``records`` back as they were before their claim, saying why."""
         (bound or self.log()).info("records-released", count=self._release(records, reason), reason=reason)
 
@@ -96,7 +99,7 @@ class GiveBack:
         if leased:
             self.kept.append(Kept(leased, reason, not_before))
 
-    def release_kept(self, bound: Any) -> None:
+    def release_kept(self, bound: FilteringBoundLogger) -> None:
         """Give back what a database fault kept, oldest first; what the database still refuses stays kept.
 
         Under their claim token, as any give-back: a row whose lease ran out meanwhile is given back

@@ -9,34 +9,22 @@ through the completer's ``commit`` (:data:`~.completer.Committer`), the wake-up 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, Partitions, claim_due, release
-from notifications_retry.outcomes import ClaimedRecord, Outcome
+from structlog.typing import FilteringBoundLogger
+
+from notifications_retry.delivery import ClaimBatch, ClaimRequest, claim_due, release
+from notifications_retry.delivery.claim import Settle
+from notifications_retry.outcomes import ClaimedRecord
 
 
 class TickDatabase(Protocol):
     """The tick's two statements beside the commit."""
 
-    def claim(
-        self,
-        now: datetime,
-        plan: Sequence[ChannelClaim],
-        *,
-        total: int,
-        budgets: Mapping[int, tuple[int, str]],
-        attempts_by_type: Mapping[str, int] | None,
-        priorities: Sequence[int] | None,
-        settle: Callable[[ClaimedRecord], Outcome | None] | None,
-        skip: Collection[uuid.UUID],
-        max_payload_bytes: int | None,
-        log: Any,
-        partitions: Partitions | None = None,
-    ) -> ClaimBatch:
-        """Lease up to ``total`` due rows by ``plan`` (:func:`~notifications_retry.delivery.claim_due`)."""
+    def claim(self, request: ClaimRequest, *, settle: Settle | None, log: FilteringBoundLogger) -> ClaimBatch:
+        """Lease due rows by ``request`` (:func:`~notifications_retry.delivery.claim_due`)."""
 
     def release(self, records: Sequence[ClaimedRecord], *, not_before: datetime | None = None) -> int:
         """Give back leased records never sent (:func:`~notifications_retry.delivery.release`)."""
@@ -45,34 +33,8 @@ class TickDatabase(Protocol):
 class PostgresTickDatabase:
     """The :class:`TickDatabase` of a running worker: ``delivery``'s claim and release."""
 
-    def claim(
-        self,
-        now: datetime,
-        plan: Sequence[ChannelClaim],
-        *,
-        total: int,
-        budgets: Mapping[int, tuple[int, str]],
-        attempts_by_type: Mapping[str, int] | None,
-        priorities: Sequence[int] | None,
-        settle: Callable[[ClaimedRecord], Outcome | None] | None,
-        skip: Collection[uuid.UUID],
-        max_payload_bytes: int | None,
-        log: Any,
-        partitions: Partitions | None = None,
-    ) -> ClaimBatch:
-        return claim_due(
-            now,
-            plan,
-            total=total,
-            budgets=budgets,
-            attempts_by_type=attempts_by_type,
-            priorities=priorities,
-            settle=settle,
-            skip=skip,
-            max_payload_bytes=max_payload_bytes,
-            log=log,
-            partitions=partitions,
-        )
+    def claim(self, request: ClaimRequest, *, settle: Settle | None, log: FilteringBoundLogger) -> ClaimBatch:
+        return claim_due(request, settle=settle, log=log)
 
     def release(self, records: Sequence[ClaimedRecord], *, not_before: datetime | None = None) -> int:
         return release(records, not_before=not_before)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.delivery import FinalizeReport
 from notifications_retry.lanes import DEFAULT_LANE
@@ -58,12 +59,12 @@ class OutcomeReporter:
     def __init__(self, channel_keys: dict[int, str]) -> None:
         self.channel_keys = channel_keys
         self.stats: TickStats | None = None
-        self.bound: Any = log
+        self.bound: FilteringBoundLogger = log
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         #: Told the channels (ids) a commit found disabled: the dispatcher stops calling them.
         self.on_disabled: Callable[[list[int]], None] | None = None
 
-    def begin_tick(self, stats: TickStats, bound: Any) -> None:
+    def begin_tick(self, stats: TickStats, bound: FilteringBoundLogger) -> None:
         self.stats, self.bound = stats, bound
         self._children = {}
 

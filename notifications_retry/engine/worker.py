@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import structlog
 from django.db import DatabaseError, InterfaceError, connection
+from structlog.typing import FilteringBoundLogger
 
 from notifications_retry import signals
 from notifications_retry.asyncio_bridge import SteppedLoop
@@ -34,7 +35,12 @@ from notifications_retry.engine.channel_set import ChannelSet
 from notifications_retry.engine.claiming import ClaimConnection
 from notifications_retry.engine.completer import Commits, Completer, commit_in_hand
 from notifications_retry.engine.dispatcher import Dispatcher, chunk_size
-from notifications_retry.engine.executor import ABANDON_GRACE_SECONDS, Executor
+from notifications_retry.engine.executor import (
+    ABANDON_GRACE_SECONDS,
+    Executor,
+    abandoned_after,
+    calls_bound_seconds,
+)
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.loop_completer import LoopCompleter
 from notifications_retry.engine.loop_tasks import LoopTasks
@@ -56,7 +62,7 @@ def stop_budget_seconds(max_timeout: float) -> float:
     is ``max_timeout``: the calls in flight end within their timeout and the executor's grace (past it
     a call is abandoned), then the outcomes in hand commit, or are given up on once the database has
     stayed unreachable for ``STOP_COMMIT_GRACE_SECONDS``. docs/operations.md, "Stopping"."""
-    return max_timeout + ABANDON_GRACE_SECONDS + STOP_COMMIT_GRACE_SECONDS
+    return abandoned_after(max_timeout) + STOP_COMMIT_GRACE_SECONDS
 
 
 class Worker:
@@ -336,7 +342,7 @@ class Worker:
         self.bookkeeping.tick_ended(stats, bound, stopping=stats.stopped or self.stopping)
         return stats
 
-    def _cycle(self, stats: TickStats, started: float, bound: Any) -> None:
+    def _cycle(self, stats: TickStats, started: float, bound: FilteringBoundLogger) -> None:
         self.clock.sync()
         lock = self.lock
         if isinstance(lock, PartitionLock):
@@ -365,7 +371,7 @@ class Worker:
             finally:
                 self.dispatcher.claims.finish(bound)  # a claim still running beside, then its connection
                 # Calls still running (an exception left the loop) end within their timeout.
-                self.dispatcher.finish_calls(bound, self._calls_timeout(runtimes.values()))
+                self.dispatcher.finish_calls(bound, calls_bound_seconds(runtimes.values()))
             self._commit_waiting(bound)
             self.channels.cap.forget_held()  # committed, or given up on a stop: none is waited for now
             tracing.set_attributes(
@@ -376,7 +382,7 @@ class Worker:
                 terminal=stats.terminal,
             )
 
-    def _log_stop_budget(self, runtimes: Any, bound: Any) -> None:
+    def _log_stop_budget(self, runtimes: Any, bound: FilteringBoundLogger) -> None:
         """Say how long a graceful stop may take with the channels loaded, when it changes: what a
         process manager must wait before it kills (``terminationGracePeriodSeconds``)."""
         max_timeout = max([float(rt.config.timeout_seconds) for rt in runtimes] or [0.0])
@@ -391,10 +397,7 @@ class Worker:
                 f" + {STOP_COMMIT_GRACE_SECONDS:g} s",
             )
 
-    def _calls_timeout(self, runtimes: Any) -> float:
-        return max([float(rt.config.timeout_seconds) for rt in runtimes] or [0.0]) + ABANDON_GRACE_SECONDS
-
-    def _commit_waiting(self, bound: Any) -> None:
+    def _commit_waiting(self, bound: FilteringBoundLogger) -> None:
         """Commit every outcome in hand; while the database is unreachable, retry with backoff.
 
         A looping worker keeps trying (it has nothing else to do without its database, and the claim
@@ -420,9 +423,9 @@ class Worker:
             and self.monotonic() - self._stop_at > STOP_COMMIT_GRACE_SECONDS
         )
 
-    def _abandon_tick(self, bound: Any) -> None:
+    def _abandon_tick(self, bound: FilteringBoundLogger) -> None:
         """After a database error: collect the calls in flight, then try to commit what is in hand."""
-        self.dispatcher.finish_calls(bound, self._calls_timeout(self.channels.runtimes.values()))
+        self.dispatcher.finish_calls(bound, calls_bound_seconds(self.channels.runtimes.values()))
         with contextlib.suppress(DatabaseError):
             self.lock.release()
         self.lock.close()

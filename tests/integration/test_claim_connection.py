@@ -14,7 +14,7 @@ from django.db import connection
 from structlog.testing import capture_logs
 
 from notifications_retry.asyncio_bridge import SteppedLoop
-from notifications_retry.delivery import ChannelClaim
+from notifications_retry.delivery import ChannelClaim, ClaimRequest
 from notifications_retry.engine import claiming as claim_connection_module
 from notifications_retry.engine import dispatcher
 from notifications_retry.engine.claiming import ClaimConnection
@@ -34,18 +34,14 @@ def webhook_rows(clock: Any, url: str, count: int) -> list[NotificationEntity]:
 
 
 def claim_ten(claims: ClaimConnection, channel: Any, clock: Any) -> Any:
-    claim = claims.claim(
+    request = ClaimRequest(
         clock.now(),
         [ChannelClaim(channel.pk, 10, 60.0)],
-        connect=True,
         total=10,
         budgets={channel.pk: (5, "hook")},
-        attempts_by_type={},
-        priorities=None,
-        skip=(),
         max_payload_bytes=1_000_000,
     )
-    return claims.loop.run(claim)
+    return claims.loop.run(claims.claim(request, connect=True, settle=None))
 
 
 def test_the_send_loop_runs_while_the_claim_waits_for_the_server(clock):

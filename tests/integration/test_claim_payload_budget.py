@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from django.db import connection, connections
 
-from notifications_retry.delivery import ChannelClaim, claim_due
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.delivery import claim_statements as claim_module
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
@@ -36,10 +36,12 @@ def incompressible(size: int) -> str:
 
 def claim(clock, channel, limit: int = 100):
     return claim_due(
-        clock.now(),
-        [ChannelClaim(channel.pk, limit, 60.0)],
-        total=limit,
-        budgets={channel.pk: (channel.max_attempts, channel.key)},
+        ClaimRequest(
+            clock.now(),
+            [ChannelClaim(channel.pk, limit, 60.0)],
+            total=limit,
+            budgets={channel.pk: (channel.max_attempts, channel.key)},
+        )
     )
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from notifications_retry.delivery import ChannelClaim, claim_query
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_query
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory
 
@@ -90,10 +90,12 @@ def test_the_explained_text_is_the_one_claim_due_runs(clock, filled):
     delivery.claim_query = spy
     try:
         batch = delivery.claim_due(
-            clock.now(),
-            [ChannelClaim(c.pk, 5, 60.0) for c in filled],
-            total=10,
-            budgets={c.pk: (5, c.key) for c in filled},
+            ClaimRequest(
+                clock.now(),
+                [ChannelClaim(c.pk, 5, 60.0) for c in filled],
+                total=10,
+                budgets={c.pk: (5, c.key) for c in filled},
+            )
         )
     finally:
         delivery.claim_query = original

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from notifications_retry.delivery import RETRY, SENT, ChannelClaim, Outcome, claim_due, finalize
+from notifications_retry.delivery import RETRY, SENT, ChannelClaim, ClaimRequest, Outcome, claim_due, finalize
 from notifications_retry.engine.worker import Worker
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity, Outbox
@@ -48,7 +48,7 @@ def test_rows_locked_by_another_transaction_are_skipped(clock):
         other.execute(
             f"SELECT 1 FROM {NotificationEntity._meta.db_table} WHERE id = %s FOR UPDATE", (locked_id,)
         )
-        batch = claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel))
+        batch = claim_due(ClaimRequest(clock.now(), plan(channel), total=10, budgets=budgets(channel)))
         other.rollback()
     claimed = {r.id for r in batch.records}
     assert locked_id not in claimed
@@ -71,7 +71,7 @@ def test_concurrent_claims_never_share_a_row(clock):
                 got |= {
                     r.id
                     for r in claim_due(
-                        clock.now(), plan(channel, limit=5), total=5, budgets=budgets(channel)
+                        ClaimRequest(clock.now(), plan(channel, limit=5), total=5, budgets=budgets(channel))
                     ).records
                 }
             results.append(got)
@@ -93,7 +93,7 @@ def test_concurrent_claims_never_share_a_row(clock):
 def test_claim_counts_attempt_and_leases_without_changing_status(clock):
     channel = ChannelFactory(key="in_app", timeout_seconds=5)
     (record,) = due_records(clock, channel, 1)
-    batch = claim_due(clock.now(), plan(channel, lease=40), total=10, budgets=budgets(channel))
+    batch = claim_due(ClaimRequest(clock.now(), plan(channel, lease=40), total=10, budgets=budgets(channel)))
     row = NotificationEntity.objects.get(pk=record.pk)
     assert row.status == Status.FAILED
     assert row.attempts == 2 == batch.records[0].attempts
@@ -101,16 +101,22 @@ def test_claim_counts_attempt_and_leases_without_changing_status(clock):
     assert row.claim_expires_at == clock.now() + timedelta(seconds=40)
     assert row.due_at is None, "a leased row is in no due index"
     # Leased: not claimable again until the lease runs out.
-    assert claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel)).records == []
+    assert (
+        claim_due(ClaimRequest(clock.now(), plan(channel), total=10, budgets=budgets(channel))).records == []
+    )
 
 
 @pytest.mark.django_db
 def test_expired_lease_is_claimed_again_and_the_late_finalize_changes_nothing(clock):
     channel = ChannelFactory(key="in_app")
     (record,) = due_records(clock, channel, 1)
-    first = claim_due(clock.now(), plan(channel, lease=30), total=1, budgets=budgets(channel)).records[0]
+    first = claim_due(
+        ClaimRequest(clock.now(), plan(channel, lease=30), total=1, budgets=budgets(channel))
+    ).records[0]
     clock.advance(31)
-    second = claim_due(clock.now(), plan(channel, lease=30), total=1, budgets=budgets(channel)).records[0]
+    second = claim_due(
+        ClaimRequest(clock.now(), plan(channel, lease=30), total=1, budgets=budgets(channel))
+    ).records[0]
     assert second.id == first.id and second.claim_token != first.claim_token
     assert second.attempts == 3
     late = finalize([Outcome(first, SENT, provider_message_id="late")], clock.now())
@@ -132,7 +138,7 @@ def test_expired_lease_is_claimed_again_and_the_late_finalize_changes_nothing(cl
 def test_finalize_applies_each_record_even_if_one_fails(clock):
     channel = ChannelFactory(key="in_app")
     due_records(clock, channel, 3)
-    records = claim_due(clock.now(), plan(channel), total=3, budgets=budgets(channel)).records
+    records = claim_due(ClaimRequest(clock.now(), plan(channel), total=3, budgets=budgets(channel))).records
     good = [Outcome(r, SENT, provider_message_id="ok") for r in records[:2]]
     # A retry outcome with no next_attempt_at on a row we then make unfinalizable by stealing its lease.
     NotificationEntity.objects.filter(pk=records[2].id).update(claim_token=None)
@@ -261,11 +267,13 @@ def test_recovered_leases_are_claimed_apart_from_fresh_rows(clock):
     # that have not crashed a worker: a poison record that kills the process takes none of them down.
     channel = ChannelFactory(key="in_app", max_attempts=10)
     due_records(clock, channel, 5)
-    crashed = claim_due(clock.now(), plan(channel, lease=30), total=3, budgets=budgets(channel)).records
+    crashed = claim_due(
+        ClaimRequest(clock.now(), plan(channel, lease=30), total=3, budgets=budgets(channel))
+    ).records
     clock.advance(31)
-    batch = claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel))
+    batch = claim_due(ClaimRequest(clock.now(), plan(channel), total=10, budgets=budgets(channel)))
     assert {r.id for r in batch.records} == {r.id for r in crashed} and batch.more
-    rest = claim_due(clock.now(), plan(channel), total=10, budgets=budgets(channel))
+    rest = claim_due(ClaimRequest(clock.now(), plan(channel), total=10, budgets=budgets(channel)))
     assert len(rest.records) == 2 and not {r.id for r in rest.records} & {r.id for r in crashed}
 
 
@@ -273,7 +281,7 @@ def test_recovered_leases_are_claimed_apart_from_fresh_rows(clock):
 def test_worker_recovers_every_expired_lease_in_one_tick(clock):
     channel = ChannelFactory(key="in_app", max_attempts=10)
     due_records(clock, channel, 6)
-    claim_due(clock.now(), plan(channel, lease=30), total=4, budgets=budgets(channel))
+    claim_due(ClaimRequest(clock.now(), plan(channel, lease=30), total=4, budgets=budgets(channel)))
     clock.advance(31)
     stats = Worker(clock=clock).tick()
     assert stats.sent == 6
@@ -298,13 +306,13 @@ def test_recovered_leases_come_back_in_groups_that_halve_with_each_death(clock):
     ]
     plan = [ChannelClaim(channel.pk, 100, 60.0)]
     budgets = {channel.pk: (10, channel.key)}
-    first = claim_due(clock.now(), plan, total=100, budgets=budgets)
+    first = claim_due(ClaimRequest(clock.now(), plan, total=100, budgets=budgets))
     assert len(first.records) == RECOVERY_GROUP and first.more
-    second = claim_due(clock.now(), plan, total=100, budgets=budgets)
+    second = claim_due(ClaimRequest(clock.now(), plan, total=100, budgets=budgets))
     assert len(second.records) == 4
     # Leased again by those claims, and never finished: each row was now in flight at two deaths.
     NotificationEntity.objects.filter(pk__in=[r.pk for r in once]).update(claim_expires_at=expired)
-    halved = claim_due(clock.now(), plan, total=100, budgets=budgets)
+    halved = claim_due(ClaimRequest(clock.now(), plan, total=100, budgets=budgets))
     assert len(halved.records) == RECOVERY_GROUP // 2 and halved.more
 
 
@@ -318,14 +326,14 @@ def test_a_logged_attempt_of_the_first_run_is_no_crash(clock):
 
     channel = ChannelFactory(key="in_app", max_attempts=10)
     due_records(clock, channel, RECOVERY_GROUP + 4)
-    records = claim_due(clock.now(), plan(channel), total=100, budgets=budgets(channel)).records
+    records = claim_due(ClaimRequest(clock.now(), plan(channel), total=100, budgets=budgets(channel))).records
     retried = [Outcome(r, RETRY, next_attempt_at=clock.now()) for r in records]
     assert len(finalize(retried, clock.now()).applied) == RECOVERY_GROUP + 4
     entries = [row.attempt_log[-1] for row in NotificationEntity.objects.all()]
     assert all("generation" not in entry and entry["outcome"] == "retry" for entry in entries)
     # Claimed again, and the worker dies with them: three attempts counted, one logged.
-    claim_due(clock.now(), plan(channel, lease=30), total=100, budgets=budgets(channel))
+    claim_due(ClaimRequest(clock.now(), plan(channel, lease=30), total=100, budgets=budgets(channel)))
     clock.advance(31)
-    first = claim_due(clock.now(), plan(channel), total=100, budgets=budgets(channel))
+    first = claim_due(ClaimRequest(clock.now(), plan(channel), total=100, budgets=budgets(channel)))
     assert {r.attempts for r in first.records} == {4}
     assert len(first.records) == RECOVERY_GROUP // 2 and first.more

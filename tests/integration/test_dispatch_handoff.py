@@ -13,7 +13,7 @@ from django.db import connection, transaction
 
 from notifications_retry import api
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery import ChannelClaim, claim_due
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.delivery.handoff import lease_fresh
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.worker import Worker
@@ -122,10 +122,12 @@ def test_a_row_a_worker_holds_is_refused(clock):
     # Scheduled for now, so the worker's claim takes it (and leases it).
     NotificationEntity.objects.filter(pk=row.pk).update(scheduled_at=clock.now() - timedelta(seconds=1))
     batch = claim_due(
-        clock.now(),
-        [ChannelClaim(row.channel_id, 10, 60.0)],
-        total=10,
-        budgets={row.channel_id: (3, "email")},
+        ClaimRequest(
+            clock.now(),
+            [ChannelClaim(row.channel_id, 10, 60.0)],
+            total=10,
+            budgets={row.channel_id: (3, "email")},
+        )
     )
     assert [r.id for r in batch.records] == [row.pk]
     with pytest.raises(InvalidTransition, match="a worker is sending it now"):

@@ -9,7 +9,16 @@ import pytest
 from django.db import connection
 
 from notifications_retry.db_rules import DUE_AT_RULE
-from notifications_retry.delivery import RETRY, SENT, TERMINAL, ChannelClaim, Outcome, claim_due, finalize
+from notifications_retry.delivery import (
+    RETRY,
+    SENT,
+    TERMINAL,
+    ChannelClaim,
+    ClaimRequest,
+    Outcome,
+    claim_due,
+    finalize,
+)
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, due_notifications
 
@@ -69,10 +78,12 @@ def test_the_claim_and_the_finalize_write_the_rule_themselves(clock, result):
     (row,) = due_notifications(clock, channel, 1)
     trigger_off()
     batch = claim_due(
-        clock.now(),
-        [ChannelClaim(channel.pk, 10, 40.0)],
-        total=10,
-        budgets={channel.pk: (channel.max_attempts, channel.key)},
+        ClaimRequest(
+            clock.now(),
+            [ChannelClaim(channel.pk, 10, 40.0)],
+            total=10,
+            budgets={channel.pk: (channel.max_attempts, channel.key)},
+        )
     )
     (record,) = batch.records
     assert due_at(row.pk) is None and rule(row.pk) is None, "leased: in no due index"
@@ -97,11 +108,11 @@ def test_a_lapsed_lease_is_given_back_by_the_next_claim_and_claimed_as_recovered
     (row,) = due_notifications(clock, channel, 1)
     plan = [ChannelClaim(channel.pk, 10, 40.0)]
     budgets = {channel.pk: (channel.max_attempts, channel.key)}
-    (first,) = claim_due(clock.now(), plan, total=10, budgets=budgets).records
+    (first,) = claim_due(ClaimRequest(clock.now(), plan, total=10, budgets=budgets)).records
     assert NotificationEntity.objects.due(clock.now() + timedelta(seconds=39)).count() == 0
     clock.advance(41)  # its worker died: the lease lapses
     trigger_off()  # the give-back writes the rule itself
-    (again,) = claim_due(clock.now(), plan, total=10, budgets=budgets).records
+    (again,) = claim_due(ClaimRequest(clock.now(), plan, total=10, budgets=budgets)).records
     assert again.id == row.pk and again.claim_token != first.claim_token
     assert again.attempts == first.attempts + 1, "the lapsed attempt stays counted"
     assert due_at(row.pk) is None and lease_expiry(row.pk) == clock.now() + timedelta(seconds=40)

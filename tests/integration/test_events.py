@@ -196,12 +196,14 @@ def test_a_second_event_for_the_same_outcome_is_refused_by_the_database(clock):
 
 
 def test_a_late_finalize_of_the_same_outcome_writes_no_second_event(clock):
-    from notifications_retry.delivery import SENT, ChannelClaim, Outcome, claim_due
+    from notifications_retry.delivery import SENT, ChannelClaim, ClaimRequest, Outcome, claim_due
 
     channel = ChannelFactory(key="in_app")
     record = failed_due(clock, channel)
     batch = claim_due(
-        clock.now(), [ChannelClaim(channel.pk, 10, 60)], total=10, budgets={channel.pk: (3, "in_app")}
+        ClaimRequest(
+            clock.now(), [ChannelClaim(channel.pk, 10, 60)], total=10, budgets={channel.pk: (3, "in_app")}
+        )
     )
     (claimed,) = batch.records
     outcome = Outcome(claimed, SENT, provider_message_id="p-1")

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from notifications_retry.delivery import ChannelClaim, claim_due, claim_query
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due, claim_query
 from notifications_retry.delivery.claim_statements import ring_start
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory
@@ -27,7 +27,7 @@ def claim(clock, channels, limit, *, total=None, **kwargs):
     plan = [ChannelClaim(c.pk, limit, 60.0) for c in channels]
     budgets = {c.pk: (c.max_attempts, c.key) for c in channels}
     total = total if total is not None else limit * len(channels)
-    return claim_due(clock.now(), plan, total=total, budgets=budgets, **kwargs).records
+    return claim_due(ClaimRequest(clock.now(), plan, total=total, budgets=budgets, **kwargs)).records
 
 
 def test_a_claim_takes_rows_round_robin_across_tenants_null_included_oldest_first_in_each(clock):

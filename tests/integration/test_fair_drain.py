@@ -62,12 +62,12 @@ def test_a_small_tenants_rows_are_claimed_within_a_claim_of_falling_due_while_a_
             worker.stop()
         return batch
 
-    def watched(now, plan, **kwargs):
-        return note(now, real_claim(now, plan, **kwargs))
+    def watched(request, **kwargs):
+        return note(request.now, real_claim(request, **kwargs))
 
-    async def watched_async(conn, now, plan, **kwargs):
+    async def watched_async(conn, request, **kwargs):
         # The webhook channel's claims run on the worker's asynchronous claim connection.
-        return note(now, await real_async_claim(conn, now, plan, **kwargs))
+        return note(request.now, await real_async_claim(conn, request, **kwargs))
 
     monkeypatch.setattr(ports, "claim_due", watched)
     monkeypatch.setattr(claiming, "claim_due_async", watched_async)

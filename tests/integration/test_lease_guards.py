@@ -15,7 +15,16 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from notifications_retry.delivery import RETRY, SENT, ChannelClaim, Outcome, claim_due, finalize, release
+from notifications_retry.delivery import (
+    RETRY,
+    SENT,
+    ChannelClaim,
+    ClaimRequest,
+    Outcome,
+    claim_due,
+    finalize,
+    release,
+)
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.claims import claimed_in_app
@@ -170,7 +179,9 @@ def test_release_gives_back_a_claimed_record(clock: Any) -> None:
     now = clock.now()
     row = NotificationFactory(channel=channel, status=Status.FAILED, attempts=2, next_attempt_at=now)
     batch = claim_due(
-        now, [ChannelClaim(channel.pk, 10, 60.0)], total=10, budgets={channel.pk: (5, channel.key)}
+        ClaimRequest(
+            now, [ChannelClaim(channel.pk, 10, 60.0)], total=10, budgets={channel.pk: (5, channel.key)}
+        )
     )
     assert release(batch.records) == 1
     row.refresh_from_db()

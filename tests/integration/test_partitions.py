@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from notifications_retry.delivery import ChannelClaim, Partitions, claim_due, claim_query
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, Partitions, claim_due, claim_query
 from notifications_retry.delivery.claim_statements import PARTITION_OF
 from notifications_retry.engine.partitions import PartitionLock, fair_share, lock_names
 from notifications_retry.engine.worker import Worker
@@ -106,11 +106,13 @@ def test_each_row_is_claimed_only_by_its_partitions_owner(clock):
     claimed: Counter = Counter()
     for owned in [(0,), (1, 2), (3,)]:
         batch = claim_due(
-            clock.now(),
-            [ChannelClaim(channel.pk, 500, 60.0)],
-            total=500,
-            budgets={channel.pk: (5, channel.key)},
-            partitions=Partitions(4, owned),
+            ClaimRequest(
+                clock.now(),
+                [ChannelClaim(channel.pk, 500, 60.0)],
+                total=500,
+                budgets={channel.pk: (5, channel.key)},
+                partitions=Partitions(4, owned),
+            )
         )
         assert batch.records and all(where[r.id] in owned for r in batch.records)
         claimed.update(r.id for r in batch.records)
@@ -124,7 +126,7 @@ def test_a_lapsed_lease_is_given_back_and_taken_only_by_its_partitions_owner(clo
     due_notifications(clock, channel, 40)
     where = partition_of(4)
     plan, budgets = [ChannelClaim(channel.pk, 500, 60.0)], {channel.pk: (5, channel.key)}
-    assert len(claim_due(clock.now(), plan, total=500, budgets=budgets).records) == 40
+    assert len(claim_due(ClaimRequest(clock.now(), plan, total=500, budgets=budgets)).records) == 40
     clock.advance(61)  # the worker that held them all died: every lease lapsed
     taken: Counter = Counter()
 
@@ -135,7 +137,9 @@ def test_a_lapsed_lease_is_given_back_and_taken_only_by_its_partitions_owner(clo
 
     for owned in [(0,), (1, 2), (3,)]:
         before = running()
-        batch = claim_due(clock.now(), plan, total=500, budgets=budgets, partitions=Partitions(4, owned))
+        batch = claim_due(
+            ClaimRequest(clock.now(), plan, total=500, budgets=budgets, partitions=Partitions(4, owned))
+        )
         assert batch.records and all(where[r.id] in owned for r in batch.records)
         # Only its own partitions' lapsed leases were given back (and some taken again: a new lease).
         assert all(where[pk] in owned for pk in before - running())
@@ -200,10 +204,12 @@ def test_a_partitioned_claim_fills_up_among_more_tenants_than_one_claim_visits(c
         cursor.execute(_ONE_ROW_TENANTS, {"channel": channel.pk, "now": clock.now()})
     mine = sum(1 for p in partition_of(8).values() if p == 0)
     batch = claim_due(
-        clock.now(),
-        [ChannelClaim(channel.pk, 200, 60.0)],
-        total=200,
-        budgets={channel.pk: (5, channel.key)},
-        partitions=Partitions(8, (0,)),
+        ClaimRequest(
+            clock.now(),
+            [ChannelClaim(channel.pk, 200, 60.0)],
+            total=200,
+            budgets={channel.pk: (5, channel.key)},
+            partitions=Partitions(8, (0,)),
+        )
     )
     assert len(batch.records) == min(200, mine) and mine > 200

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from notifications_retry import api
 from notifications_retry.addresses import normalize_recipient
-from notifications_retry.delivery import ChannelClaim, claim_due
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.delivery import suppression as service
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import (
@@ -155,7 +155,7 @@ def test_the_claim_asks_the_list_once_per_batch_whatever_its_size(clock):
     api.suppress("user40@example.com", channel="email")
     plan = [ChannelClaim(channel.pk, 100, 60.0)]
     with CaptureQueriesContext(connection) as queries:
-        batch = claim_due(clock.now(), plan, total=100, budgets={channel.pk: (5, "email")})
+        batch = claim_due(ClaimRequest(clock.now(), plan, total=100, budgets={channel.pk: (5, "email")}))
     lookups = [q["sql"] for q in queries if Suppression._meta.db_table in q["sql"]]
     assert len(lookups) == 1, lookups
     assert {o.record.recipient for o in batch.settled} == {"user3@example.com", "user40@example.com"}

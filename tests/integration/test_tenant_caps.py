@@ -13,7 +13,14 @@ import pytest
 from django.db import connection
 from psycopg import AsyncClientCursor
 
-from notifications_retry.delivery import ChannelClaim, TenantCaps, claim_due, claim_due_async, claim_query
+from notifications_retry.delivery import (
+    ChannelClaim,
+    ClaimRequest,
+    TenantCaps,
+    claim_due,
+    claim_due_async,
+    claim_query,
+)
 from notifications_retry.delivery.claim_statements import CLAIM_SELECT
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory
@@ -56,7 +63,7 @@ def claim(clock, channels, limit, caps, *, total=None, **kwargs):
     budgets = {c.pk: (c.max_attempts, c.key) for c in channels}
     total = total if total is not None else limit * len(channels)
     plan = plan_of(channels, limit, caps)
-    return claim_due(clock.now(), plan, total=total, budgets=budgets, **kwargs).records
+    return claim_due(ClaimRequest(clock.now(), plan, total=total, budgets=budgets, **kwargs)).records
 
 
 def picked(now, plan, **kwargs):
@@ -282,10 +289,8 @@ def test_the_claim_on_an_asynchronous_connection_honours_the_caps_too(clock):
         )
         async with conn:
             budgets = {channel.pk: (channel.max_attempts, channel.key)}
-            return await claim_due_async(
-                conn, clock.now(), plan, total=6, budgets=budgets, attempts_by_type=None, priorities=None,
-                skip=(), max_payload_bytes=1_000_000,
-            )  # fmt: skip
+            request = ClaimRequest(clock.now(), plan, total=6, budgets=budgets, max_payload_bytes=1_000_000)
+            return await claim_due_async(conn, request)
 
     batch = asyncio.run(run())
     assert [r.id for r in batch.records] == [rows_a[0].pk, *(r.pk for r in rows_c)]

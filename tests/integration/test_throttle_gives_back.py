@@ -125,7 +125,7 @@ def test_rows_claimed_as_the_circuit_opened_are_given_back_not_left_queued(clock
     # A claim already running when a call's answer opened the circuit brings rows the channel can no
     # longer send this tick: they are given back with their attempt (the tick once looped on them).
     from notifications_retry.conf import get_settings
-    from notifications_retry.delivery import ChannelClaim, claim_due
+    from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
     from notifications_retry.engine.channels import ChannelRuntime
     from notifications_retry.engine.dispatcher import Dispatcher
     from notifications_retry.engine.ownership import Ownership
@@ -136,7 +136,9 @@ def test_rows_claimed_as_the_circuit_opened_are_given_back_not_left_queued(clock
     )
     rows = _seed(clock, channel, 3)
     batch = claim_due(
-        clock.now(), [ChannelClaim(channel.pk, 3, 60.0)], total=3, budgets={channel.pk: (5, "hook")}
+        ClaimRequest(
+            clock.now(), [ChannelClaim(channel.pk, 3, 60.0)], total=3, budgets={channel.pk: (5, "hook")}
+        )
     )
     conf = get_settings()
     rt = ChannelRuntime(

@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from notifications_retry import api
-from notifications_retry.delivery import ChannelClaim, claim_due, finalize, release
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due, finalize, release
 from notifications_retry.engine.wakeup import LockConnectionPort
 from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import ChannelConfig, NotificationEntity
@@ -67,7 +67,9 @@ def test_a_claim_wakes_no_one_and_a_sooner_retry_or_a_release_does(lock: Advisor
             channel=channel, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
         )
     port = listening(lock)
-    batch = claim_due(now, [ChannelClaim(channel.pk, 3, 60.0)], total=3, budgets={channel.pk: (5, "app")})
+    batch = claim_due(
+        ClaimRequest(now, [ChannelClaim(channel.pk, 3, 60.0)], total=3, budgets={channel.pk: (5, "app")})
+    )
     assert len(batch.records) == 3
     assert not port.notified(SILENCE_SECONDS)  # due_at cleared: leased
     # A leased row has no due time; its lease's expiry is when the worker looks again.
@@ -94,7 +96,7 @@ def test_a_lapsed_lease_wakes_every_worker_and_its_own_channels_claim_takes_it_b
     row = NotificationFactory(
         channel=other, status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now
     )
-    claim_due(now, [ChannelClaim(other.pk, 1, 5.0)], total=1, budgets={other.pk: (5, "other")})
+    claim_due(ClaimRequest(now, [ChannelClaim(other.pk, 1, 5.0)], total=1, budgets={other.pk: (5, "other")}))
     port = listening(lock, channels={"app"})
     # Any channel's lease: every worker wakes at its expiry (one probe of the expiry index).
     assert port.earliest_due(None) == now + timedelta(seconds=5)
@@ -102,14 +104,16 @@ def test_a_lapsed_lease_wakes_every_worker_and_its_own_channels_claim_takes_it_b
     later = now + timedelta(seconds=6)  # the worker died: its lease lapsed
     # Another channel's claim leaves it to a claim of its own channel.
     assert (
-        claim_due(later, [ChannelClaim(mine.pk, 1, 60.0)], total=1, budgets={mine.pk: (5, "app")}).records
+        claim_due(
+            ClaimRequest(later, [ChannelClaim(mine.pk, 1, 60.0)], total=1, budgets={mine.pk: (5, "app")})
+        ).records
         == []
     )
     row.refresh_from_db()
     assert row.claim_expires_at is not None and row.due_at is None
     # Its channel's claim gives it back and takes it in the same transaction, as recovered.
     plan = [ChannelClaim(other.pk, 1, 5.0)]
-    (again,) = claim_due(later, plan, total=1, budgets={other.pk: (5, "other")}).records
+    (again,) = claim_due(ClaimRequest(later, plan, total=1, budgets={other.pk: (5, "other")})).records
     assert again.id == row.pk and again.attempts == 3
     row.refresh_from_db()
     assert row.claim_expires_at == later + timedelta(seconds=5) and row.due_at is None

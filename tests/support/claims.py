@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from notifications_retry.delivery import ChannelClaim, claim_due
+from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.models import NotificationEntity
 from notifications_retry.outcomes import ClaimedRecord
 from tests.factories import ChannelFactory, NotificationFactory
@@ -26,10 +26,12 @@ def claimed_in_app(now: datetime, count: int, **fields: Any) -> list[ClaimedReco
         for _ in range(count)
     ]
     batch = claim_due(
-        now,
-        [ChannelClaim(channel.pk, count, 60.0)],
-        total=count,
-        budgets={channel.pk: (channel.max_attempts, channel.key)},
+        ClaimRequest(
+            now,
+            [ChannelClaim(channel.pk, count, 60.0)],
+            total=count,
+            budgets={channel.pk: (channel.max_attempts, channel.key)},
+        )
     )
     assert {r.id for r in batch.records} == {r.pk for r in rows}
     return batch.records

@@ -15,13 +15,13 @@ import bisect
 import dataclasses
 import random
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from notifications_retry.clock import ManualClock
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, FinalizeReport
+from notifications_retry.delivery import ClaimBatch, ClaimRequest, FinalizeReport
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.dispatcher import Dispatcher, chunk_size
@@ -105,20 +105,9 @@ class FakeDatabase:
         return rows
 
     def claim(
-        self,
-        now: datetime,
-        plan: Sequence[ChannelClaim],
-        *,
-        total: int,
-        budgets: Mapping[int, tuple[int, str]],
-        attempts_by_type: Mapping[str, int] | None,
-        priorities: Sequence[int] | None,
-        settle: Callable[[ClaimedRecord], Outcome | None] | None,
-        skip: Collection[uuid.UUID],
-        max_payload_bytes: int | None,
-        log: Any,
-        partitions: Any = None,
+        self, request: ClaimRequest, *, settle: Callable[[ClaimedRecord], Outcome | None] | None, log: Any
     ) -> ClaimBatch:
+        now, plan, total = request.now, request.plan, request.total
         self.claims.append((self.time.t, {p.channel_id: p.limit for p in plan}, total))
         batch = ClaimBatch(records=[], settled=[])
         for p in plan:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError
 
+from notifications_retry.delivery import ClaimRequest
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import Executor
@@ -106,9 +107,8 @@ def test_a_give_back_the_database_refuses_is_kept_and_made_once_it_answers():
     db = FlakyDatabase(time)
     db.add(1, 5)
     batch = db.claim(
-        time.clock.now(), [_plan(1, 5)], total=5, budgets={}, attempts_by_type=None, priorities=None,
-        settle=None, skip=(), max_payload_bytes=None, log=Log(),
-    )  # fmt: skip
+        ClaimRequest(time.clock.now(), [_plan(1, 5)], total=5, budgets={}), settle=None, log=Log()
+    )
     records = batch.records
     assert len(records) == 5
     events = Events()

@@ -8,15 +8,13 @@ import itertools
 import math
 import uuid
 from collections import deque
-from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 from notifications_retry.conf import RetrySettings, settings_problems, tenant_rate_limits
-from notifications_retry.delivery import ChannelClaim, ClaimBatch, TenantCaps
+from notifications_retry.delivery import ClaimBatch, ClaimRequest, TenantCaps
 from notifications_retry.engine.tenant_limits import NO_CAP, TenantLimits
 from tests.support.fake_tick import (
     CONF,
@@ -179,9 +177,9 @@ class CappedDatabase(FakeDatabase):
         for row in self.add(channel_id, count):
             row.tenant_id = tenant
 
-    def claim(self, now: datetime, plan: Sequence[ChannelClaim], **options: Any) -> ClaimBatch:
+    def claim(self, request: ClaimRequest, **options: Any) -> ClaimBatch:
         capped = []
-        for p in plan:
+        for p in request.plan:
             self.caps_seen.append(p.tenant_caps)
             rows = self.due.get(p.channel_id, [])
             caps = p.tenant_caps or TenantCaps()
@@ -197,7 +195,7 @@ class CappedDatabase(FakeDatabase):
             allowed = allowed[: p.limit]
             rows[:] = allowed + [r for r in rows if r not in allowed]
             capped.append(dataclasses.replace(p, limit=len(allowed)))
-        return super().claim(now, capped, **options)
+        return super().claim(dataclasses.replace(request, plan=capped), **options)
 
 
 def test_a_limited_tenants_sends_start_evenly_spaced_while_an_unlimited_one_drains_at_once():
