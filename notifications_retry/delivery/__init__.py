@@ -14,6 +14,8 @@
   :mod:`.recovery` runs a recovery job's requeues in chunks;
 - :mod:`.outbox` marks events published (the relay) and prunes old published ones (housekeeping);
 - :mod:`.retention` deletes old Sent rows in batches, when ``SENT_RETENTION_DAYS`` is set (housekeeping);
+- :mod:`.unreadable_times` sets aside, as dead letters, waiting rows whose times Python cannot read
+  (written past the API), and clears those times;
 - :mod:`.suppression` reads and writes the suppression list (the claim's one lookup per batch);
 - :mod:`.esp_reports` applies what an ESP reported after a send: delivery status, its outbox event,
   the suppression it calls for;
