@@ -2,14 +2,17 @@
 
 Plain Python: the management command only parses options and runs one. Tests call :class:`Worker`
 directly with an injected clock (wall time for due decisions), ``monotonic`` (pacing and deadlines) and
-``rng`` (backoff jitter). What a tick does is the :class:`~.dispatcher.Dispatcher`'s; how one record
-is sent is the :class:`~.executor.Executor`'s; how outcomes are committed is the
-:class:`~.completer.Completer`'s; which lock a worker ticks under, :func:`~.partitions.lane_lock`'s.
+``rng`` (backoff jitter). Its parts are wired together from the settings and its options
+(:class:`WorkerOptions`) by :func:`build_parts`; the worker runs them. What a tick does is the
+:class:`~.dispatcher.Dispatcher`'s; how one record is sent is the :class:`~.executor.Executor`'s; how
+outcomes are committed is the :class:`~.completer.Completer`'s; which lock a worker ticks under,
+:func:`~.partitions.lane_lock`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import signal
 import threading
@@ -27,7 +30,7 @@ from structlog.typing import FilteringBoundLogger
 from notifications_retry import signals
 from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.clock import Clock, default_clock
-from notifications_retry.conf import get_settings
+from notifications_retry.conf import RetrySettings, get_settings
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.bookkeeping import Bookkeeping
@@ -48,6 +51,7 @@ from notifications_retry.engine.partitions import PartitionLock, lane_lock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, reopens_at, wake_after
 from notifications_retry.lanes import DEFAULT_LANE, lane_channels
+from notifications_retry.locks import AdvisoryLock
 from notifications_retry.observability import metrics, tracing
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
 
@@ -63,6 +67,163 @@ def stop_budget_seconds(max_timeout: float) -> float:
     a call is abandoned), then the outcomes in hand commit, or are given up on once the database has
     stayed unreachable for ``STOP_COMMIT_GRACE_SECONDS``. docs/operations.md, "Stopping"."""
     return abandoned_after(max_timeout) + STOP_COMMIT_GRACE_SECONDS
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """What a worker is told: its command's options, else the settings; :meth:`of` checks them."""
+
+    batch_size: int
+    max_duration: float
+    interval: float
+    max_in_flight: int
+    lane: str
+    #: The lane's priorities (``LANES[lane]["priorities"]``; None: every priority).
+    priorities: list[int] | None
+
+    @classmethod
+    def of(
+        cls,
+        conf: RetrySettings,
+        *,
+        batch_size: int | None = None,
+        max_duration: float | None = None,
+        interval: float | None = None,
+        lane: str | None = None,
+        max_in_flight: int | None = None,
+    ) -> WorkerOptions:
+        """The options given, the settings for those not given; a ValueError names a bad one."""
+        batch_size = batch_size if batch_size is not None else conf.BATCH_SIZE
+        max_duration = max_duration if max_duration is not None else conf.MAX_DURATION_SECONDS
+        interval = interval if interval is not None else conf.INTERVAL_SECONDS
+        max_in_flight = max_in_flight if max_in_flight is not None else conf.WORKER_MAX_IN_FLIGHT
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        if max_duration <= 0:
+            raise ValueError(f"max duration must be > 0, got {max_duration}")
+        if interval < 0:
+            raise ValueError(f"interval must be >= 0, got {interval}")
+        if max_in_flight < 1:
+            raise ValueError(f"max in flight must be >= 1, got {max_in_flight}")
+        lane_conf: Mapping[str, Any] = {}
+        if lane and lane != DEFAULT_LANE:
+            if lane not in conf.LANES:
+                raise ValueError(f"unknown lane {lane!r}; configured lanes: {sorted(conf.LANES) or 'none'}")
+            lane_conf = conf.LANES[lane]
+        priorities = list(lane_conf.get("priorities") or []) or None
+        return cls(batch_size, max_duration, interval, max_in_flight, lane or DEFAULT_LANE, priorities)
+
+
+@dataclasses.dataclass
+class WorkerParts:
+    """What a worker is made of, wired together by :func:`build_parts`."""
+
+    lock: AdvisoryLock
+    bookkeeping: Bookkeeping
+    channels: ChannelSet
+    tasks: LoopTasks
+    waiter: Waiter
+    #: The loop the sends run on, run by the worker's own thread whenever the tick waits.
+    send_loop: SteppedLoop
+    #: Each channel's key by id, for the tick under way (the reporter's labels).
+    keys: dict[int, str]
+    reporter: OutcomeReporter
+    executor: Executor
+    completer: Commits
+    #: The send loop's connection, where the claims and the commits take turns (None inside a test's
+    #: transaction, whose rows no other connection can see: then every statement is Django's).
+    claim_connection: ClaimConnection | None
+    #: The claim beside it on a backlog of inline rows, opened when one comes, closed at its tick's end.
+    beside_connection: ClaimConnection | None
+    dispatcher: Dispatcher
+
+
+def build_parts(
+    conf: RetrySettings,
+    options: WorkerOptions,
+    *,
+    clock: Clock,
+    rng: random.Random,
+    monotonic: Callable[[], float],
+    stopping: Callable[[], bool],
+    pause: Callable[[float], object],
+) -> WorkerParts:
+    """A worker's parts from the settings and its options. ``stopping`` says whether a stop was asked;
+    ``pause`` waits between a failed wait's reconnects (the stop event's wait, so a stop cuts it short).
+    The clock, ``monotonic`` and ``rng`` are the worker's: tests give theirs."""
+    lane = options.lane
+    lock = lane_lock(conf, lane, rng)
+    served = lane_channels(conf.LANES, lane)
+    cap = InFlightCap(options.max_in_flight)
+    channels = ChannelSet(conf, conf.LANES, lane, served, cap=cap)
+    #: What the loop runs besides ticks (the relay, housekeeping, the outbox gauges: the command adds
+    #: them, engine.loop_tasks): after each tick, and in slices of the wait between ticks.
+    tasks = LoopTasks(monotonic=monotonic, stopping=stopping)
+    waiter = Waiter(
+        tasks.around(LockConnectionPort(lock, channels=served, priorities=options.priorities)),
+        clock=clock,
+        monotonic=monotonic,
+        stopping=stopping,
+        sleep=pause,
+        log=log.bind(lane=lane),
+    )
+    send_loop = SteppedLoop()
+    keys: dict[int, str] = {}
+    reporter = OutcomeReporter(keys)
+    executor = Executor(
+        clock=clock,
+        rng=rng,
+        monotonic=monotonic,
+        attempts_by_type=conf.ATTEMPTS_BY_TYPE,
+        # A synchronous provider's call holds a thread while in flight, and the cap already bounds
+        # the calls in flight (each channel's max_concurrency its own): a thread for each place.
+        # The pool starts a thread only when no idle one is left, so unused places cost nothing.
+        threads=options.max_in_flight,
+    )
+    completer = Completer(
+        clock=clock,
+        monotonic=monotonic,
+        on_report=reporter.report,
+        max_batch=chunk_size(options.batch_size),
+        slots=cap,
+    )
+    # Claims and commits run on the send loop's connection, taking turns (engine.loop_connection), and
+    # a second claimer beside them on a backlog of inline rows — unless this thread is inside a
+    # transaction (a test's), whose rows no other connection can see.
+    beside = not connection.in_atomic_block
+    claim_connection = ClaimConnection(send_loop, role="loop") if beside else None
+    commits: Commits = (
+        LoopCompleter(completer, send_loop, connection=claim_connection) if claim_connection else completer
+    )
+    beside_connection = ClaimConnection(send_loop, role="claims-beside") if beside else None
+    dispatcher = Dispatcher(
+        conf=conf,
+        executor=executor,
+        completer=commits,
+        reporter=reporter,
+        send_loop=lambda: send_loop,
+        monotonic=monotonic,
+        stopping=stopping,
+        lane_priorities=options.priorities,
+        claim_connection=claim_connection,
+        beside_connection=beside_connection,
+        cap=cap,
+    )
+    return WorkerParts(
+        lock=lock,
+        bookkeeping=Bookkeeping(lane, clock, monotonic),
+        channels=channels,
+        tasks=tasks,
+        waiter=waiter,
+        send_loop=send_loop,
+        keys=keys,
+        reporter=reporter,
+        executor=executor,
+        completer=commits,
+        claim_connection=claim_connection,
+        beside_connection=beside_connection,
+        dispatcher=dispatcher,
+    )
 
 
 class Worker:
@@ -84,38 +245,25 @@ class Worker:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.conf = conf = get_settings()
-        self.batch_size = batch_size if batch_size is not None else conf.BATCH_SIZE
-        self.max_duration = max_duration if max_duration is not None else conf.MAX_DURATION_SECONDS
-        self.interval = interval if interval is not None else conf.INTERVAL_SECONDS
-        if self.batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.max_duration <= 0:
-            raise ValueError(f"max duration must be > 0, got {self.max_duration}")
-        if self.interval < 0:
-            raise ValueError(f"interval must be >= 0, got {self.interval}")
-        self.max_in_flight = max_in_flight if max_in_flight is not None else conf.WORKER_MAX_IN_FLIGHT
-        if self.max_in_flight < 1:
-            raise ValueError(f"max in flight must be >= 1, got {self.max_in_flight}")
-        self.lane = lane or DEFAULT_LANE
-        lane_conf: Mapping[str, Any] = {}
-        if lane and lane != DEFAULT_LANE:
-            if lane not in conf.LANES:
-                raise ValueError(f"unknown lane {lane!r}; configured lanes: {sorted(conf.LANES) or 'none'}")
-            lane_conf = conf.LANES[lane]
+        self.options = options = WorkerOptions.of(
+            conf,
+            batch_size=batch_size,
+            max_duration=max_duration,
+            interval=interval,
+            lane=lane,
+            max_in_flight=max_in_flight,
+        )
+        self.batch_size, self.max_duration = options.batch_size, options.max_duration
+        self.interval, self.max_in_flight, self.lane = options.interval, options.max_in_flight, options.lane
         self.clock = clock or default_clock(conf.CLOCK)
         self.rng = rng or random.Random()
         self.monotonic = monotonic
+        self.wall = wall
         self._sleep = sleep
-        self.lock = lane_lock(conf, self.lane, self.rng)
         #: This process's own heartbeat on disk, for a pod's liveness probe (observability.heartbeat_file).
         self.heartbeat = HeartbeatFile(heartbeat_file, lane=self.lane) if heartbeat_file else None
-        self.wall = wall
-        self.bookkeeping = Bookkeeping(self.lane, self.clock, monotonic)
         self._stop = threading.Event()
         self._backoff = failures.Backoff(self.interval)
-        # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
-        signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
-        metrics.precreate_series([], [], [self.lane])
         self._stop_at: float | None = None
         #: The signal that asked for a stop, until the worker's thread says so (``stop-requested``).
         self._signalled: str | None = None
@@ -124,70 +272,25 @@ class Worker:
         # A looping worker keeps outcomes through an outage of any length (the claim token refuses a
         # late one whose row was taken over); a single tick gives up on those whose lease ran out.
         self._looping = False
-        served = lane_channels(conf.LANES, self.lane)
-        cap = InFlightCap(self.max_in_flight)
-        self.channels = ChannelSet(conf, conf.LANES, self.lane, served, cap=cap)
-        self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
-        priorities = list(lane_conf.get("priorities") or []) or None
-        #: What the loop runs besides ticks (the relay, housekeeping, the outbox gauges: the command adds
-        #: them, engine.loop_tasks): after each tick, and in slices of the wait between ticks.
-        self.tasks = LoopTasks(monotonic=monotonic, stopping=self._stopping)
-        self.waiter = Waiter(
-            self.tasks.around(LockConnectionPort(self.lock, channels=served, priorities=priorities)),
-            clock=self.clock,
-            monotonic=monotonic,
-            stopping=self._stopping,
-            # A failed wait pauses on the stop event before it reconnects: a stop cuts the pause short.
-            sleep=self._stop.wait,
-            log=log.bind(lane=self.lane),
-        )
-        #: The loop the sends run on, run by this worker's own thread whenever the tick waits.
-        self._send_loop = SteppedLoop()
-        self._keys: dict[int, str] = {}
-        self.reporter = OutcomeReporter(self._keys)
-        self.executor = Executor(
+        parts = build_parts(
+            conf,
+            options,
             clock=self.clock,
             rng=self.rng,
             monotonic=monotonic,
-            attempts_by_type=conf.ATTEMPTS_BY_TYPE,
-            # A synchronous provider's call holds a thread while in flight, and the cap already bounds
-            # the calls in flight (each channel's max_concurrency its own): a thread for each place.
-            # The pool starts a thread only when no idle one is left, so unused places cost nothing.
-            threads=self.max_in_flight,
-        )
-        completer = Completer(
-            clock=self.clock,
-            monotonic=monotonic,
-            on_report=self.reporter.report,
-            max_batch=chunk_size(self.batch_size),
-            slots=cap,
-        )
-        # Claims and commits run on the send loop's connection, taking turns (engine.loop_connection), and
-        # a second claimer beside them on a backlog of inline rows — unless this thread is inside a
-        # transaction (a test's), whose rows no other connection can see.
-        beside = not connection.in_atomic_block
-        #: The send loop's connection, kept from tick to tick; and the claim beside it on a backlog of
-        #: inline rows, opened when one comes and closed at the end of its tick.
-        self.claim_connection = ClaimConnection(self._send_loop, role="loop") if beside else None
-        self.completer: Commits = (
-            LoopCompleter(completer, self._send_loop, connection=self.claim_connection)
-            if self.claim_connection is not None
-            else completer
-        )
-        self.beside_connection = ClaimConnection(self._send_loop, role="claims-beside") if beside else None
-        self.dispatcher = Dispatcher(
-            conf=conf,
-            executor=self.executor,
-            completer=self.completer,
-            reporter=self.reporter,
-            send_loop=self._loop,
-            monotonic=monotonic,
             stopping=self._stopping,
-            lane_priorities=list(lane_conf.get("priorities") or []) or None,
-            claim_connection=self.claim_connection,
-            beside_connection=self.beside_connection,
-            cap=cap,
+            # A failed wait pauses on the stop event before it reconnects: a stop cuts the pause short.
+            pause=self._stop.wait,
         )
+        self.lock, self.bookkeeping, self.channels = parts.lock, parts.bookkeeping, parts.channels
+        self.tasks, self.waiter, self._send_loop = parts.tasks, parts.waiter, parts.send_loop
+        self._keys, self.reporter, self.executor = parts.keys, parts.reporter, parts.executor
+        self.completer, self.dispatcher = parts.completer, parts.dispatcher
+        self.claim_connection, self.beside_connection = parts.claim_connection, parts.beside_connection
+        # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
+        signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
+        metrics.precreate_series([], [], [self.lane])
+        self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -431,10 +534,6 @@ class Worker:
         self.lock.close()
         metrics.LOCK_HELD.labels(self.lane).set(0)
         self._commit_waiting(bound)
-
-    def _loop(self) -> SteppedLoop:
-        """The loop the sends run on: every call in flight waits there, a coroutine each, not a thread."""
-        return self._send_loop
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
