@@ -7,7 +7,10 @@ port."""
 from __future__ import annotations
 
 import collections
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ from notifications_retry.models import NotificationEntity, Outbox
 from tests.process.conftest import StartWorker, seed_due
 from tests.process.helpers import webhook_channel
 from tests.support.http_server import Reply, ScriptedServer
-from tests.support.processes import wait_until
+from tests.support.processes import REPO_ROOT, wait_until, worker_env
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -132,3 +135,55 @@ def test_draining_and_relaying_workers_hold_at_most_three_connections_each(
     for counts in sampler.counts.values():
         assert max(counts) <= MOST, counts
     assert max(sampler.totals) <= MOST * workers, sampler.totals
+
+
+def test_a_worker_and_outbox_relay_hold_three_and_two(start_worker: StartWorker, tmp_path: Path) -> None:
+    receiver = ScriptedServer(lambda request: Reply(200, {"id": "m"}, delay=0.02)).start()
+    database_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    env = worker_env(database_url, connection.settings_dict["NAME"], {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]})
+    relay_log = (tmp_path / "relay.log").open("wb")
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "django", "outbox_relay", "--publisher", "log"],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=relay_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        channel = webhook_channel(receiver.url, max_concurrency=16)
+        worker = start_worker(
+            ["--interval", "1", "--batch-size", "300", "--no-relay"], {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+        )
+        sampler = ConnectionSampler(connection.settings_dict["NAME"], [worker.pid, relay.pid])
+        sampler.start()
+        wait_until(lambda: "worker-tasks" in worker.output(), 30, message="the worker's start")
+        seed_due(channel, ROWS)
+        try:
+            wait_until(
+                lambda: not NotificationEntity.objects.exclude(status="sent").exists(),
+                120,
+                message="every row sent",
+            )
+            wait_until(
+                lambda: not Outbox.objects.filter(published_at__isnull=True).exists(),
+                30,
+                message="every event published by outbox_relay",
+            )
+        finally:
+            sampler.done.set()
+            sampler.join(10)
+        worker.send(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.output()[-3000:]
+    finally:
+        receiver.stop()
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(30)
+        relay_log.close()
+    assert sampler.error is None, sampler.error
+    worker_counts, relay_counts = sampler.counts[worker.pid], sampler.counts[relay.pid]
+    for name, counts in (("retry_worker --no-relay", worker_counts), ("outbox_relay", relay_counts)):
+        print(f"{name}: samples of each count of its connections: {dict(sorted(counts.items()))}")
+    assert "outbox-event-published" not in worker.output()
+    assert sum(sampler.totals.values()) > 50, "the drain was sampled"
+    assert max(worker_counts) <= MOST and max(relay_counts) <= 2, (worker_counts, relay_counts)
