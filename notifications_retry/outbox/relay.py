@@ -57,6 +57,11 @@ LOCK_CLASS = 0x6E726F62
 #: publishes at most this many again; 100 keeps a batch's key locks and its marking short statements
 #: (``outbox_relay --batch-size`` sets it for that process).
 OUTBOX_RELAY_BATCH_SIZE = 100
+#: The most events a worker's relay batch takes, whatever the worker's ``--batch-size``: a batch holds an
+#: advisory lock per key on the worker's session, and PostgreSQL's shared lock table holds about
+#: ``max_locks_per_transaction`` (64) times ``max_connections`` (100) locks on defaults; 5,000 keys of one
+#: batch ended in "out of shared memory". The relay runs batch after batch between ticks to keep up.
+RELAY_TASK_BATCH_MAX = 500
 #: The relay's pause once the outbox is drained: an event is published about this long after it is
 #: written (``outbox_relay --interval``; a worker relays after each tick too).
 OUTBOX_RELAY_INTERVAL_SECONDS = 1.0
@@ -201,6 +206,8 @@ class Relay:
         self.monotonic = monotonic
         self._gauges_at: float | None = None
         self._stop = threading.Event()
+        #: The signal that asked for the stop, logged by the loop (not by the handler).
+        self._stop_signal = ""
         self._sleep = sleep or self._stop.wait
 
     def stop(self, *_: Any) -> None:
@@ -215,7 +222,9 @@ class Relay:
         """SIGTERM and SIGINT stop the relay gracefully."""
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            log.info("relay-stop-requested", signal=signal.Signals(signum).name)
+            # Only the flag: a handler that logs could wait forever on the logger's lock, held by the
+            # line the signal interrupted. The loop logs the stop when it sees the flag.
+            self._stop_signal = signal.Signals(signum).name
             self.stop()
 
         signal.signal(signal.SIGTERM, handler)
@@ -369,6 +378,8 @@ class Relay:
                 if drained or report.failed:
                     self._sleep(self.interval)
         finally:
+            if self._stop_signal:
+                log.info("relay-stop-requested", signal=self._stop_signal)
             self.close()
         return reports
 
@@ -410,7 +421,7 @@ def relay_task(lock: AdvisoryLock, *, clock: Clock, batch_size: int) -> RelayTas
     batches at least as large as the worker's ticks (``batch_size``: a tick writes about one event a
     record), so that it keeps up with one batch a tick during a drain."""
     relay = Relay(configured_publisher(), clock=clock, locks=KeyLocks(lock.using, session=lock))
-    relay.batch_size = max(relay.batch_size, batch_size)
+    relay.batch_size = min(max(relay.batch_size, batch_size), RELAY_TASK_BATCH_MAX)
     return RelayTask(relay)
 
 

@@ -315,3 +315,17 @@ def test_a_publisher_the_settings_cannot_build_is_a_bad_option_of_retry_worker(s
         call_command("retry_worker", "--once")
     assert info.value.returncode == 2
     call_command("retry_worker", "--once", "--no-relay")  # the relay runs elsewhere: nothing to build
+
+
+@pytest.mark.parametrize(
+    ("tick_batch", "relay_batch"), [(50, 100), (200, 200), (5000, relay.RELAY_TASK_BATCH_MAX)]
+)
+def test_the_workers_relay_batch_follows_its_ticks_within_the_lock_tables_room(tick_batch, relay_batch):
+    """A batch holds an advisory lock per key on the worker's session: a worker run with a large
+    --batch-size must not take thousands at once (PostgreSQL's shared lock table runs out)."""
+    lock = AdvisoryLock("tests:relay-batch")
+    try:
+        task = relay_task(lock, clock=ManualClock(timezone.now()), batch_size=tick_batch)
+        assert task.relay.batch_size == relay_batch
+    finally:
+        lock.close()
