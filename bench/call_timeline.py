@@ -64,8 +64,8 @@ def _wrap(marks: Marks) -> None:
     read, and the send loop's runs."""
     import aiohttp.client_reqrep as reqrep
 
-    from notifications_retry.asyncio_bridge import SteppedLoop
     from notifications_retry.engine.dispatcher import Dispatcher
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     def noting(moment: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:

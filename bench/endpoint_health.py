@@ -157,7 +157,7 @@ class SimulatedTime:
     """The worker's clocks on simulated time: real time passes inside a tick; between ticks, a jump."""
 
     def __init__(self) -> None:
-        from notifications_retry.clock import ManualClock
+        from notifications_retry.runtime.clock import ManualClock
 
         self.clock = ManualClock()
         self.offset = 0.0

@@ -60,7 +60,7 @@ VARIANTS = ("before", "after, no answer", "after, 500 + short body", "after, 500
 
 
 def _evidence(variant: str) -> Any:
-    from notifications_retry.evidence import NO_ANSWER, Evidence
+    from notifications_retry.rules.evidence import NO_ANSWER, Evidence
 
     if variant == "after, no answer":
         return NO_ANSWER
@@ -115,7 +115,7 @@ def _after(ids: list[str], cid: int, attempt: int, now: datetime, variant: str) 
     from django.db import transaction
 
     from notifications_retry.delivery.finalize import apply_outcomes
-    from notifications_retry.outcomes import RETRY, ClaimedRecord, Outcome
+    from notifications_retry.rules.outcomes import RETRY, ClaimedRecord, Outcome
 
     evidence = _evidence(variant)
     outcomes = [

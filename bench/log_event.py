@@ -22,7 +22,7 @@ def measure(pipeline: str, records: int) -> float:
 
     from bench.settings import configure_logging
     from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-    from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
+    from notifications_retry.rules.outcomes import SENT, ClaimedRecord, Outcome
 
     configure_logging(pipeline)
     reporter = OutcomeReporter({1: "hook"})

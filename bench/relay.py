@@ -54,10 +54,10 @@ def drain_rate(rows: int, *, trigger: bool) -> float:
 def relay_rate(rows: int, publisher: str, url: str | None) -> float:
     from django.db import connection
 
-    from notifications_retry.clock import SystemClock
     from notifications_retry.models import Outbox
     from notifications_retry.outbox.publishers import get_publisher
     from notifications_retry.outbox.relay import Relay
+    from notifications_retry.runtime.clock import SystemClock
 
     reset_rows()
     cid = channel("in_app", "in_app")

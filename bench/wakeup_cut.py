@@ -29,7 +29,7 @@ from bench.db import TABLE, bench_dbname, connect, recreate_database, setup_djan
 from bench.lateness import _ticked, _wait_for
 from bench.receiver import Sink, webhook_channel
 from bench.report import table
-from notifications_retry.locks import LOCK_APPLICATION_NAME
+from notifications_retry.database.locks import LOCK_APPLICATION_NAME
 
 #: The worst lateness the wake-up must keep to, cut or not.
 TARGET_SECONDS = 2.0

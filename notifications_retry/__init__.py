@@ -4,25 +4,18 @@ The public API is re-exported here but imported on first use: ``import notificat
 Django does while reading ``INSTALLED_APPS``) must not load models before the app registry is ready.
 The public names are listed in docs/contract.md.
 
-Packages: :mod:`.models` (the tables), :mod:`.delivery` (the only writer of notification and outbox
-rows), :mod:`.engine` (``retry_worker``), :mod:`.providers`, :mod:`.outbox` (the relay and its
-publishers), :mod:`.admin`, :mod:`.observability`, :mod:`.management` (the commands), :mod:`.migrations`.
-
 Modules: :mod:`.api` (the monolith's entry points) with :mod:`.direct_send` (``send_now``'s work),
 :mod:`.tracking` (ESP events from anymail's tracking signal), :mod:`.housekeeping`, :mod:`.checks`
-(system checks), :mod:`.apps`, :mod:`.conf` (the ``NOTIFICATIONS_RETRY`` settings) with :mod:`.bounds` (their
-ranges) and :mod:`.lanes`, :mod:`.locks` (the cycle's advisory lock), :mod:`.outcomes` (one pure
-``decide``), :mod:`.retry` (backoff), :mod:`.events` and :mod:`.event_ids` (the outbox event),
-:mod:`.validation` (input checks), :mod:`.arguments` (the API's other arguments, by type),
-:mod:`.recovery_filter` (a recovery job's filter),
-:mod:`.url_policy` (where a webhook may post), :mod:`.evidence` (what an attempt's answer left),
-:mod:`.health_rules` (endpoint health, one pure decision), :mod:`.db_rules` (the triggers' SQL),
-:mod:`.channel_settings`, :mod:`.clock`, :mod:`.deadlines` (a call's deadline that a paused process
-does not turn into a timeout), :mod:`.exceptions`, :mod:`.exception_chain`,
-:mod:`.signals`, :mod:`.tcp_settings`, :mod:`.version`, :mod:`.addresses` (recipients as the
-suppression list stores them), :mod:`.asyncio_bridge` (the one loop on a thread, and running a
-coroutine from synchronous code), :mod:`.heap` (the worker process's garbage collector, set for a
-long run). pyproject.toml's import contracts place each of them in a layer.
+(system checks), :mod:`.apps`, :mod:`.exceptions` (the app's errors, and reading an exception),
+:mod:`.signals` and :mod:`.version`.
+
+Folders: :mod:`.conf` (the ``NOTIFICATIONS_RETRY`` settings and their ranges), :mod:`.models` (the
+tables), :mod:`.delivery` (the only writer of notification and outbox rows), :mod:`.engine`
+(``retry_worker``), :mod:`.providers`, :mod:`.outbox` (the relay and its publishers), :mod:`.rules`
+(the rules of delivery, pure), :mod:`.inputs` (what callers hand the app, validated),
+:mod:`.database` (the lock's connection, the triggers), :mod:`.runtime` (clock, event loop,
+deadlines), :mod:`.admin`, :mod:`.observability`, :mod:`.management` (the commands),
+:mod:`.migrations`. pyproject.toml's import contracts place each of them in a layer.
 """
 
 from __future__ import annotations
@@ -33,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from .version import __version__
 
 if TYPE_CHECKING:
+    from notifications_retry.inputs.validation import InvalidNotification
+
     from .api import (
         CANCELLED,
         QueueStats,
@@ -60,7 +55,6 @@ if TYPE_CHECKING:
         ProviderThrottled,
         RetryableProviderError,
     )
-    from .validation import InvalidNotification
 
 _EXPORTS: dict[str, str] = {
     "CANCELLED": "api",
@@ -79,7 +73,7 @@ _EXPORTS: dict[str, str] = {
     "suppress": "api",
     "unsuppress": "api",
     "is_suppressed": "api",
-    "InvalidNotification": "validation",
+    "InvalidNotification": "inputs.validation",
     "ChannelConfigurationError": "exceptions",
     "InvalidTransition": "exceptions",
     "NotificationsRetryError": "exceptions",

@@ -26,21 +26,27 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from notifications_retry.clock import default_clock
+from notifications_retry import direct_send
+from notifications_retry.conf import bounds
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.cancel import cancel
 from notifications_retry.delivery.create import create_pending
 from notifications_retry.delivery.handoff import record_attempt
 from notifications_retry.delivery.triage import TriageResult, discard, requeue
+from notifications_retry.inputs import arguments
+from notifications_retry.inputs.validation import (
+    InvalidArgumentType,
+    InvalidNotification,
+    check_text,
+    validate_notification,
+)
 from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
-from notifications_retry.outcomes import Failure
+from notifications_retry.rules.outcomes import CANCELLED, Failure
+from notifications_retry.runtime.clock import default_clock
 
-from . import arguments, bounds, direct_send
 from .conf import get_settings
 from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
-from .outcomes import CANCELLED
 from .providers import payload_problems
-from .validation import InvalidArgumentType, InvalidNotification, check_text, validate_notification
 
 __all__ = [
     "CANCELLED",
@@ -132,7 +138,7 @@ def create_notification(
 ) -> NotificationEntity:
     """Store a Pending notification in the caller's transaction; fresh ones are announced on commit.
 
-    Raises ``notifications_retry.validation.InvalidNotification`` (a ``ValueError`` naming the field),
+    Raises ``notifications_retry.inputs.validation.InvalidNotification`` (a ``ValueError`` naming the field),
     with nothing written, for input the database would refuse or beyond ``MAX_PAYLOAD_BYTES`` /
     ``MAX_PAYLOAD_DEPTH``, and for what could never be sent: an unknown channel (``channel``; a
     disabled one is accepted, its rows wait), a payload the channel's provider cannot send
@@ -293,7 +299,7 @@ def record_dispatch_failure(
 ) -> NotificationEntity:
     """The monolith's dispatcher could not deliver a fresh Pending notification: hand it to the worker.
 
-    Decided as the worker decides (:func:`notifications_retry.outcomes.decide`): a temporary failure
+    Decided as the worker decides (:func:`notifications_retry.rules.outcomes.decide`): a temporary failure
     is retried after the channel's backoff (never before ``retry_after`` seconds), within the attempt
     budget; a permanent one, or the last allowed attempt, is a dead letter with its Failed event.
     """

@@ -17,8 +17,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from notifications_retry.exceptions import first_line
+
 from .conf import RetrySettings, get_settings, settings_problems
-from .exception_chain import first_line
 from .exceptions import ChannelConfigurationError
 
 #: Default ports of transaction poolers: 6432 PgBouncer (also Odyssey's and PgCat's), 6543 Supavisor's
@@ -150,7 +151,7 @@ def check_lock_session(
     Only with ``check --database <lock alias>`` (and ``migrate`` of it): it opens the lock's own
     connection, proves it direct as the worker does at start, takes no lock and closes it.
     """
-    from .locks import AdvisoryLock, LockNotDirect
+    from notifications_retry.database.locks import AdvisoryLock, LockNotDirect
 
     conf, problems = _settings()
     if conf is None or problems or not databases:
@@ -280,8 +281,9 @@ def _guarded_channel_messages(channel: Any) -> list[CheckMessage]:
 
 
 def _channel_messages(channel: Any) -> list[CheckMessage]:
+    from notifications_retry.inputs.url_policy import resolution_problems
+
     from .providers import channel_warnings
-    from .url_policy import resolution_problems
 
     messages: list[CheckMessage] = []
     out_of_range = channel.bounds_problems()

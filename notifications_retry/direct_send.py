@@ -12,16 +12,12 @@ import uuid
 
 from django.db import connection
 
-from notifications_retry.asyncio_bridge import run_sync
-from notifications_retry.clock import default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.finalize import release
 from notifications_retry.delivery.handoff import lease_fresh, settle_leased, settle_suppressed
-from notifications_retry.evidence import NO_ANSWER, evidence_of
 from notifications_retry.exceptions import ChannelConfigurationError, InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.observability.excerpts import masked
-from notifications_retry.outcomes import ClaimedRecord, Failure, failure_of
 from notifications_retry.providers import (
     OutgoingMessage,
     Provider,
@@ -29,6 +25,10 @@ from notifications_retry.providers import (
     channel_problems,
     get_provider_class,
 )
+from notifications_retry.rules.evidence import NO_ANSWER, evidence_of
+from notifications_retry.rules.outcomes import ClaimedRecord, Failure, failure_of
+from notifications_retry.runtime.asyncio_bridge import run_sync
+from notifications_retry.runtime.clock import default_clock
 
 __all__ = ["send_now"]
 

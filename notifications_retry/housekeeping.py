@@ -20,14 +20,14 @@ from datetime import datetime, timedelta
 import structlog
 from django.utils import timezone
 
-from notifications_retry.clock import Clock
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery.health import prune_buckets
 from notifications_retry.delivery.outbox import prune_published_outbox, prune_published_outbox_batches
 from notifications_retry.delivery.retention import prune_sent_batches
 from notifications_retry.delivery.suppression import prune_expired
 from notifications_retry.delivery.triage import expire_dead_letters
 from notifications_retry.delivery.unreadable_times import everywhere as set_aside_unreadable_times
-from notifications_retry.locks import AdvisoryLock
+from notifications_retry.runtime.clock import Clock
 
 from .conf import get_settings
 from .models import BacklogSample

@@ -28,11 +28,11 @@ from typing import Any
 
 import structlog
 
-from notifications_retry.clock import default_clock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.esp_reports import EspReport, apply_report
 from notifications_retry.observability.masking import mask_recipient
 from notifications_retry.providers.django_email import TRACKING_METADATA_KEY
+from notifications_retry.runtime.clock import default_clock
 
 log = structlog.get_logger("notifications_retry.tracking")
 

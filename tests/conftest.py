@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.clock import ManualClock
+from notifications_retry.runtime.clock import ManualClock
 from tests.support.http_server import ScriptedServer
 from tests.support.opt_in import skip_unless_asked
 

@@ -19,8 +19,8 @@ from django.utils.safestring import SafeString
 
 from notifications_retry.delivery import health
 from notifications_retry.exceptions import InvalidTransition
-from notifications_retry.health_rules import DISABLED
 from notifications_retry.models import ChannelConfig
+from notifications_retry.rules.endpoint_health import DISABLED
 
 from .display import fragment
 

@@ -16,10 +16,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from notifications_retry.health_rules import DISABLED
+from notifications_retry.inputs.url_policy import resolved_beforehand, webhook_url_problems
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers import channel_warnings, webhook_signing
-from notifications_retry.url_policy import resolved_beforehand, webhook_url_problems
+from notifications_retry.rules.endpoint_health import DISABLED
 
 from . import display
 from .channel_health import REENABLE_HINT, ChannelHealthAdmin, refuse_silent_reenable

@@ -11,10 +11,10 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from notifications_retry.clock import default_clock
 from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat
 from notifications_retry.observability import health
+from notifications_retry.runtime.clock import default_clock
 
 from .chart import DEFAULT_RANGE, RANGES, axis_start, backlog_chart
 from .display import format_age

@@ -95,7 +95,7 @@ class QueueStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value, now = self.value(), timezone.now()
-        # A leased row has no due_at (db_rules.DUE_AT_RULE). A lease past its expiry (its worker died)
+        # A leased row has no due_at (triggers.DUE_AT_RULE). A lease past its expiry (its worker died)
         # is due, given back by a claim yet or not, as the backlog counts it (observability.health).
         if value == "due":
             rows = _notifications(queryset)

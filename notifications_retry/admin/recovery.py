@@ -24,8 +24,8 @@ from django.utils.dateparse import parse_date
 from django.utils.safestring import SafeString
 
 from notifications_retry.delivery import recovery
+from notifications_retry.delivery.recovery_filter import RecoveryInputError, parse_moment, recovery_filter
 from notifications_retry.models import ChannelConfig, RecoveryJob
-from notifications_retry.recovery_filter import RecoveryInputError, parse_moment, recovery_filter
 
 from . import display
 from .triage_actions import BULK_ACTION_CAP, REQUEUE_PERM

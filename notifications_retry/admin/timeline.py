@@ -10,7 +10,7 @@ from typing import Any
 
 from django.utils.safestring import SafeString
 
-from notifications_retry.outcomes import SUPPRESSED
+from notifications_retry.rules.outcomes import SUPPRESSED
 
 from .display import fragment, timestamp
 from .filters import status_class

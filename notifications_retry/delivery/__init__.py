@@ -26,7 +26,9 @@
   an asynchronous psycopg one;
 - :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows);
 - :mod:`.wakeup` is what a waiting worker asks: LISTEN, and when its next row falls due (it writes no
-  rows).
+  rows);
+- :mod:`.events` builds the outbox events' payloads (``dispatched``, ``delivery-status``) the writers
+  store, and :mod:`.recovery_filter` reads a recovery job's filter from an operator's words.
 
 The provider is always called with no transaction open: claim short, call, finalize short.
 """
@@ -52,7 +54,7 @@ from notifications_retry.delivery.finalize import (
     finalize_async,
     release,
 )
-from notifications_retry.outcomes import (
+from notifications_retry.rules.outcomes import (
     EXHAUSTED,
     EXPIRED,
     RETRY,

@@ -12,8 +12,8 @@ from notifications_retry.delivery.finalize import apply_outcomes
 from notifications_retry.delivery.handoff import locked_pending, record_of
 from notifications_retry.delivery.triage import discard_row
 from notifications_retry.models import NotificationEntity
-from notifications_retry.outcomes import CANCELLED, TERMINAL, Failure, decide, outcome_of
-from notifications_retry.retry import BackoffPolicy
+from notifications_retry.rules.backoff import BackoffPolicy
+from notifications_retry.rules.outcomes import CANCELLED, TERMINAL, Failure, decide, outcome_of
 
 
 def cancel(pk: uuid.UUID | str, *, actor: str, reason: str, now: datetime) -> NotificationEntity:

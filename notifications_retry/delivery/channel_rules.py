@@ -6,10 +6,9 @@ One home for both rules: the worker's claims (``engine.channels``) and the monol
 
 from __future__ import annotations
 
-from notifications_retry import bounds
-from notifications_retry.conf import RetrySettings
+from notifications_retry.conf import RetrySettings, bounds
 from notifications_retry.models import ChannelConfig
-from notifications_retry.retry import BackoffPolicy
+from notifications_retry.rules.backoff import BackoffPolicy
 
 #: How far ahead a rate-limited channel may claim: records it can start within this many seconds.
 RATE_HORIZON_SECONDS = 0.25

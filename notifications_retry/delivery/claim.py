@@ -51,8 +51,8 @@ from notifications_retry.delivery.lapsed_leases import lapsed_leases_query, reco
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
 from notifications_retry.delivery.suppression import suppressed_steps
-from notifications_retry.exception_chain import first_line
-from notifications_retry.outcomes import (
+from notifications_retry.exceptions import first_line
+from notifications_retry.rules.outcomes import (
     TERMINAL,
     UNDECODABLE,
     ClaimedRecord,

@@ -272,7 +272,7 @@ CLAIM_UPDATE = f"""
 UPDATE {_TABLE} t
 SET attempts = t.attempts + 1, claim_token = %(token)s,
     claim_expires_at = %(now)s + v.lease * interval '1 second', updated_at = %(now)s,
-    due_at = NULL  -- db_rules.DUE_AT_RULE: leased, in no due index
+    due_at = NULL  -- triggers.DUE_AT_RULE: leased, in no due index
 FROM unnest(string_to_array(%(ids)s, ',')::uuid[], string_to_array(%(leases)s, ',')::float8[])
      AS v(id, lease)
 WHERE t.id = v.id

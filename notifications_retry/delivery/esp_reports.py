@@ -17,9 +17,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from notifications_retry import events
-from notifications_retry.addresses import normalize_recipient
-from notifications_retry.delivery import suppression
+from notifications_retry.delivery import events, suppression
+from notifications_retry.inputs.addresses import normalize_recipient
 from notifications_retry.models import (
     ALL_CHANNELS,
     DELIVERY_STATUS_TOPIC,

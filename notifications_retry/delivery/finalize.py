@@ -23,8 +23,7 @@ import psycopg
 import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from notifications_retry import events
-from notifications_retry.delivery import health
+from notifications_retry.delivery import events, health
 from notifications_retry.delivery.session import bound_transaction, bounded
 from notifications_retry.delivery.statements import (
     CopyIn,
@@ -35,8 +34,7 @@ from notifications_retry.delivery.statements import (
     run_transaction_async,
 )
 from notifications_retry.delivery.suppression import gone_mailboxes, suppress_gone_mailboxes
-from notifications_retry.event_ids import outbox_event_id
-from notifications_retry.exception_chain import first_line
+from notifications_retry.exceptions import first_line
 from notifications_retry.models import (
     CONTRACT_VERSION,
     DISPATCHED_TOPIC,
@@ -44,7 +42,8 @@ from notifications_retry.models import (
     NotificationEntity,
     Outbox,
 )
-from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
+from notifications_retry.rules.event_ids import outbox_event_id
+from notifications_retry.rules.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 
 #: Used when the caller passes no logger of its own (the worker passes its tick's, with job_run_id and lane).
 default_log = structlog.get_logger("notifications_retry.delivery")
@@ -108,7 +107,7 @@ SET status = v.status,
     dead_letter_reason = v.dead_letter_reason,
     claim_token = NULL,
     claim_expires_at = NULL,
-    -- db_rules.DUE_AT_RULE for the row as written: the trigger then has nothing to correct.
+    -- triggers.DUE_AT_RULE for the row as written: the trigger then has nothing to correct.
     due_at = CASE WHEN v.status = 'failed' AND v.dead_lettered_at IS NULL
                       THEN COALESCE(v.next_attempt_at, t.created_at)
                   WHEN v.status = 'pending' THEN t.scheduled_at END,

@@ -2,7 +2,7 @@
 
 A fresh Pending notification (no ``scheduled_at``) belongs to the monolith's dispatcher. When that
 dispatcher has tried to send it, :func:`record_attempt` records what happened: Sent, a retry at the
-time :func:`~notifications_retry.outcomes.decide` gives (backoff, attempt budget, Retry-After), or a
+time :func:`~notifications_retry.rules.outcomes.decide` gives (backoff, attempt budget, Retry-After), or a
 terminal failure with its dead-letter fields; Sent and terminal outcomes write their outbox event in
 the same transaction. :func:`lease_fresh` and :func:`settle_leased` let the app send such a row itself
 (``api.send_now``): leased first, so that no one else can send it meanwhile, then settled under the
@@ -21,10 +21,10 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery import suppression
 from notifications_retry.delivery.channel_rules import backoff_policy, lease_seconds
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
-from notifications_retry.evidence import HANDOFF, Evidence
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
-from notifications_retry.outcomes import (
+from notifications_retry.rules.evidence import HANDOFF, Evidence
+from notifications_retry.rules.outcomes import (
     TERMINAL,
     ClaimedRecord,
     Failure,

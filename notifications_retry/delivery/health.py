@@ -2,7 +2,7 @@
 
 :func:`record` runs inside finalize's transaction: it adds the batch's provider calls to each
 channel's current bucket (one upsert), then sums the window of each channel the batch called and
-applies what :func:`notifications_retry.health_rules.assess` says. A change updates the channel
+applies what :func:`notifications_retry.rules.endpoint_health.assess` says. A change updates the channel
 (``disabled`` also sets ``is_enabled`` False: its rows wait, untouched), records a
 :class:`~notifications_retry.models.ChannelHealthChange` and inserts a
 ``pin.notifications.channel-health.v1`` outbox event, all in that transaction; the log event, the
@@ -27,11 +27,10 @@ from typing import Any
 import structlog
 from django.db import transaction
 
-from notifications_retry import health_rules, signals
+from notifications_retry import signals
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
 from notifications_retry.exceptions import InvalidTransition
-from notifications_retry.health_rules import DISABLED, OK, Thresholds, Transition, Window
 from notifications_retry.models import (
     CHANNEL_HEALTH_TOPIC,
     CONTRACT_VERSION,
@@ -40,7 +39,9 @@ from notifications_retry.models import (
     ChannelHealthChange,
     Outbox,
 )
-from notifications_retry.outcomes import SENT, THROTTLED, Outcome
+from notifications_retry.rules import endpoint_health as endpoint_health
+from notifications_retry.rules.endpoint_health import DISABLED, OK, Thresholds, Transition, Window
+from notifications_retry.rules.outcomes import SENT, THROTTLED, Outcome
 
 log = structlog.get_logger("notifications_retry.health")
 
@@ -82,13 +83,14 @@ def disables_at_once(o: Outcome) -> bool:
         o.result != SENT
         and o.evidence is not None
         and counted(o)
-        and health_rules.gone(o.evidence.status_code)
+        and endpoint_health.gone(o.evidence.status_code)
     )
 
 
 @dataclasses.dataclass(slots=True)
 class _Calls:
-    """A batch's counted calls of one channel (see :class:`~notifications_retry.health_rules.Window`)."""
+    """A batch's counted calls of one channel (see
+    :class:`~notifications_retry.rules.endpoint_health.Window`)."""
 
     attempts: int = 0
     failures: int = 0
@@ -154,7 +156,7 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
     rows = [
         {"channel_id": c, "attempts": n.attempts, "failures": n.failures} for c, n in sorted(counts.items())
     ]
-    start = health_rules.bucket_start(now, limits)
+    start = endpoint_health.bucket_start(now, limits)
     yield Statement(_UPSERT, {"rows": json_document(rows), "start": start}, rows=False)
     since = now - timedelta(seconds=limits.window_seconds)
     # Every channel the batch called, not only those that failed in it: a batch of successes can bring
@@ -168,7 +170,7 @@ def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
             disabled.append(cid)
         calls = counts[cid]
         window = Window(int(attempts), int(failures), calls.gone, calls.circuit_open_for)
-        transition = health_rules.assess(state, window, limits)
+        transition = endpoint_health.assess(state, window, limits)
         if transition is not None:
             changes.append(HealthChange(cid, state, transition, window))
     return Judged(changes, disabled)
@@ -178,7 +180,7 @@ def prune_buckets(*, now: datetime) -> int:
     """Delete the buckets wholly before the health window (``ENDPOINT_HEALTH["window_seconds"]``): no sum
     reads them."""
     limits = Thresholds.of(get_settings())
-    since = health_rules.bucket_start(now - timedelta(seconds=limits.window_seconds), limits)
+    since = endpoint_health.bucket_start(now - timedelta(seconds=limits.window_seconds), limits)
     deleted, _ = ChannelHealthBucket.objects.filter(bucket_start__lt=since).delete()
     return deleted
 
@@ -288,7 +290,7 @@ def reenable(channel_id: int, *, actor: str, reason: str = "", now: datetime) ->
         channel = ChannelConfig.objects.select_for_update().get(pk=channel_id)
         if channel.health_state != DISABLED:
             raise InvalidTransition(f"channel {channel.key} was not disabled by its health check")
-        wait = health_rules.reenable_wait(channel.health_changed_at, now, limits)
+        wait = endpoint_health.reenable_wait(channel.health_changed_at, now, limits)
         if wait > 0:
             raise HealthCooldown(
                 f"channel {channel.key} was disabled automatically at {channel.health_changed_at:%H:%M:%S} "

@@ -1,6 +1,6 @@
 """Leases whose worker died: given back by the next claim, and claimed again in halving groups.
 
-A leased row has no ``due_at`` (``db_rules.DUE_AT_RULE``): its lease's row version enters none of the
+A leased row has no ``due_at`` (``triggers.DUE_AT_RULE``): its lease's row version enters none of the
 due indexes, and ``nr_lease_expiry_idx`` finds it by its expiry. Every claim (:mod:`.claim`) first gives
 back the lapsed leases it could take itself (its channels', its partitions'), in its own transaction,
 so that its SELECT sees them due and takes them: no other worker's claim stands between the give-back

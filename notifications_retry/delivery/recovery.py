@@ -26,12 +26,12 @@ import structlog
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
-from notifications_retry.evidence import REPLAY
+from notifications_retry.delivery.recovery_filter import RecoveryFilter
 from notifications_retry.exceptions import NotificationsRetryError
 from notifications_retry.models import RecoveryJob
-from notifications_retry.recovery_filter import RecoveryFilter
+from notifications_retry.rules.evidence import REPLAY
+from notifications_retry.runtime.clock import Clock, default_clock
 
 from . import triage
 

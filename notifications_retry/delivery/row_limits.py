@@ -5,7 +5,7 @@ not a JSON object. The claim measures them in SQL and returns neither value for 
 never holds it in memory; :func:`set_aside` then says why the row is a dead letter (``payload_too_large``,
 ``payload_invalid``): no provider call, one event.
 
-Sizes are the API's (:func:`notifications_retry.validation.check_payload`): the payload as compact JSON
+Sizes are the API's (:func:`notifications_retry.inputs.validation.check_payload`): the payload as compact JSON
 in UTF-8, at most ``MAX_PAYLOAD_BYTES``; the recipient at most ``RECIPIENT_MAX_LENGTH`` characters.
 PostgreSQL prints a payload with a space after each ``:`` and ``,``, so its text is at most twice the
 compact form: a payload whose text is over twice the limit is refused unread, and one between the limit
@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from notifications_retry import bounds
-from notifications_retry.outcomes import PAYLOAD_INVALID, PAYLOAD_TOO_LARGE, Failure
+from notifications_retry.conf import bounds
+from notifications_retry.rules.outcomes import PAYLOAD_INVALID, PAYLOAD_TOO_LARGE, Failure
 
 RECIPIENT_MAX_LENGTH = bounds.RECIPIENT_MAX_LENGTH
 #: lz4 and pglz shrink data at most about 255 and 88 to 1: a stored payload smaller than the limit

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, connections
 
+from notifications_retry.database.tcp_settings import TCP_SETTINGS
 from notifications_retry.delivery.statements import Statement, Steps
-from notifications_retry.tcp_settings import TCP_SETTINGS
 
 
 def bound_connections(*aliases: str) -> None:

@@ -3,7 +3,8 @@
 The claim asks :func:`suppressed_in_batch` once per batch, in its own transaction: one statement on the
 ``(address, channel)`` unique index for the whole batch, however many rows it holds. A notification
 whose recipient is suppressed on its channel (or on ``*``) is then settled terminal ``suppressed`` in
-that claim, with no attempt counted and no provider call (:func:`notifications_retry.outcomes.before_send`).
+that claim, with no attempt counted and no provider call
+(:func:`notifications_retry.rules.outcomes.before_send`).
 
 Rows are written by :func:`record` (an ESP's report, an SMTP reply, the API, the admin): one upsert,
 so concurrent reports of one address extend one row (``events`` + 1, the later ``last_event_at``,
@@ -21,11 +22,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
-from notifications_retry.addresses import normalize_recipient
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
+from notifications_retry.inputs.addresses import normalize_recipient
 from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
-from notifications_retry.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
+from notifications_retry.rules.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
 
 _TABLE = Suppression._meta.db_table
 

@@ -19,14 +19,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from notifications_retry.delivery import suppression
-from notifications_retry.evidence import MANUAL, REPLAY
 from notifications_retry.models import (
     CANCELLED_ERROR_KIND,
     DeadLetterAction,
     NotificationEntity,
     NotificationQuerySet,
 )
-from notifications_retry.outcomes import deadline_words
+from notifications_retry.rules.evidence import MANUAL, REPLAY
+from notifications_retry.rules.outcomes import deadline_words
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED = CANCELLED_ERROR_KIND

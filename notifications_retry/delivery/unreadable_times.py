@@ -3,7 +3,7 @@
 PostgreSQL stores 'infinity', '-infinity' and years past 9999, which raw SQL (or other code) can write
 and the API cannot; psycopg refuses to read them ("timestamp too large"). A Pending or Failed row
 whose ``next_attempt_at``, ``scheduled_at`` or ``expires_at`` is such a time would wait with no reason
-recorded (its due time never comes, ``db_rules.DUE_AT_RULE``), and every page or query that loads it
+recorded (its due time never comes, ``triggers.DUE_AT_RULE``), and every page or query that loads it
 (the admin's list and change page, the API's functions, triage, recovery) would fail on it.
 
 So, like the rows the claim sets aside as poison (:mod:`.row_limits`), such a row becomes a dead letter
@@ -42,7 +42,7 @@ from notifications_retry.delivery.finalize import outcome_steps
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.delivery.statements import Statement, Steps, run_steps
 from notifications_retry.models import NotificationEntity
-from notifications_retry.outcomes import TERMINAL, UNREADABLE_TIME, ClaimedRecord, Failure, Outcome
+from notifications_retry.rules.outcomes import TERMINAL, UNREADABLE_TIME, ClaimedRecord, Failure, Outcome
 
 log = structlog.get_logger("notifications_retry.delivery")
 

@@ -1,8 +1,9 @@
 """What a waiting worker asks the database: LISTEN for wake-ups, and when its next row falls due.
 
-Both run on one direct psycopg connection (the advisory lock's, see :mod:`notifications_retry.locks`):
+Both run on one direct psycopg connection (the advisory lock's, see
+:mod:`notifications_retry.database.locks`):
 a pooled session cannot LISTEN, and writers notify from their own transactions through any pooler
-(``db_rules.wakeup_triggers``). The due time is read with one index probe per channel (the partial
+(``triggers.wakeup_triggers``). The due time is read with one index probe per channel (the partial
 index on ``(channel, due_at, priority)``), however large the backlog of rows scheduled later, and one
 probe of the leases' expiries.
 """
@@ -15,10 +16,10 @@ from typing import Any
 
 import psycopg
 
-from notifications_retry.db_rules import WAKEUP_CHANNEL
+from notifications_retry.database.triggers import WAKEUP_CHANNEL
 from notifications_retry.models import ChannelConfig, NotificationEntity
 
-# A leased row has no due_at (db_rules.DUE_AT_RULE): the earliest lease expiry counts too, whatever
+# A leased row has no due_at (triggers.DUE_AT_RULE): the earliest lease expiry counts too, whatever
 # its channel (one probe of nr_lease_expiry_idx), so that a worker wakes when a dead worker's lease
 # lapses and its channel's claim gives the row back (delivery.lapsed_leases).
 #

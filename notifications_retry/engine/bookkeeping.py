@@ -18,12 +18,12 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.clock import Clock
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.engine.reporting import TickStats
 from notifications_retry.models import BacklogSample, WorkerHeartbeat
 from notifications_retry.observability import metrics
 from notifications_retry.observability.health import backlog
+from notifications_retry.runtime.clock import Clock
 
 #: The most often a worker counts the backlog (its gauges and the admin's sample) and writes the lane's
 #: heartbeat row, however often its ticks end; a stop's last tick always does.

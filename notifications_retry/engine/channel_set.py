@@ -15,11 +15,11 @@ from django.db.models import Count
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import RetrySettings, tenant_rate_limits
+from notifications_retry.conf.lanes import LaneSettings, shared_limits
+from notifications_retry.conf.lanes import share as lane_share
 from notifications_retry.engine.channels import ChannelRuntime, channel_fingerprint
 from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.tenant_limits import TenantLimits
-from notifications_retry.lanes import LaneSettings, shared_limits
-from notifications_retry.lanes import share as lane_share
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.observability import metrics
 from notifications_retry.providers import Provider, get_provider_class

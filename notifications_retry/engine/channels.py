@@ -29,8 +29,8 @@ from notifications_retry.engine.in_flight import InFlightCap
 from notifications_retry.engine.tenant_limits import TenantLimits
 from notifications_retry.models import ChannelConfig
 from notifications_retry.observability import metrics
-from notifications_retry.outcomes import ClaimedRecord
 from notifications_retry.providers import Provider
+from notifications_retry.rules.outcomes import ClaimedRecord
 
 log = structlog.get_logger("notifications_retry.worker")
 

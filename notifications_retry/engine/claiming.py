@@ -49,9 +49,9 @@ from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.exception_chain import first_line
+from notifications_retry.exceptions import first_line
 from notifications_retry.observability import metrics
-from notifications_retry.outcomes import ClaimedRecord, Outcome
+from notifications_retry.rules.outcomes import ClaimedRecord, Outcome
 
 #: Delivers an inline channel's claimed record now (its outcome), or None to lease it; deferred
 #: records' outcomes go to the list.

@@ -25,11 +25,11 @@ from typing import Protocol
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.clock import Clock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, finalize
 from notifications_retry.observability import metrics
-from notifications_retry.outcomes import Outcome
-from notifications_retry.retry import exponential_delay
+from notifications_retry.rules.backoff import exponential_delay
+from notifications_retry.rules.outcomes import Outcome
+from notifications_retry.runtime.clock import Clock
 
 log = structlog.get_logger("notifications_retry.worker")
 

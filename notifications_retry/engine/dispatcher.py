@@ -26,8 +26,8 @@ from collections.abc import Callable
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.conf import RetrySettings
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery import Partitions
 from notifications_retry.delivery.health import disables_at_once
 from notifications_retry.engine.channels import ChannelRuntime, next_wait
@@ -42,8 +42,8 @@ from notifications_retry.engine.ownership import Ownership
 from notifications_retry.engine.partitions import PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.locks import AdvisoryLock
-from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
+from notifications_retry.rules.outcomes import SENT, ClaimedRecord, Outcome
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
 log = structlog.get_logger("notifications_retry.worker")
 

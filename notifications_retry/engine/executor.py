@@ -3,7 +3,7 @@
 Whatever the provider returns or raises becomes that record's outcome (never a lost task): a
 :class:`~notifications_retry.exceptions.ProviderError` keeps its kind, retriability and Retry-After;
 anything else is a retriable ``provider_crash``; a call that outlives the channel's timeout is a
-retriable ``timeout``. The retry decision itself is :func:`notifications_retry.outcomes.decide`.
+retriable ``timeout``. The retry decision itself is :func:`notifications_retry.rules.outcomes.decide`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from notifications_retry.clock import Clock
-from notifications_retry.deadlines import deadline
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.evidence import NO_ANSWER, Evidence, evidence_of
 from notifications_retry.observability import tracing
 from notifications_retry.observability.excerpts import masked
-from notifications_retry.outcomes import (
+from notifications_retry.providers import OutgoingMessage, Provider
+from notifications_retry.providers.base import SendResult
+from notifications_retry.rules.evidence import NO_ANSWER, Evidence, evidence_of
+from notifications_retry.rules.outcomes import (
     INVALID_RECIPIENT,
     SENT,
     TIMEOUT,
@@ -32,8 +32,8 @@ from notifications_retry.outcomes import (
     failure_of,
     outcome_of,
 )
-from notifications_retry.providers import OutgoingMessage, Provider
-from notifications_retry.providers.base import SendResult
+from notifications_retry.runtime.clock import Clock
+from notifications_retry.runtime.deadlines import deadline
 
 #: The grace after a timeout, the only one: a provider call that outlives its channel timeout by this much
 #: is abandoned as a timeout, and a tick that stopped claiming waits no longer for its calls.

@@ -29,7 +29,7 @@ from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
 from notifications_retry.observability import metrics
-from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
+from notifications_retry.rules.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
 
 #: Error kind of an attempt whose channel's provider was not called because its circuit is open.
 CIRCUIT_OPEN = "circuit_open"

@@ -13,8 +13,8 @@ import dataclasses
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from notifications_retry.exception_chain import causes, message_line
-from notifications_retry.retry import exponential_delay
+from notifications_retry.exceptions import causes, message_line
+from notifications_retry.rules.backoff import exponential_delay
 
 #: The database could not be reached, or dropped the connection.
 UNREACHABLE = "database-unreachable"

@@ -9,7 +9,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.engine.channels import ChannelRuntime
-from notifications_retry.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
+from notifications_retry.rules.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
 
 log = structlog.get_logger("notifications_retry.worker")
 

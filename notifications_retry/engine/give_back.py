@@ -25,8 +25,8 @@ from structlog.typing import FilteringBoundLogger
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.ports import TickDatabase
-from notifications_retry.exception_chain import first_line
-from notifications_retry.outcomes import ClaimedRecord
+from notifications_retry.exceptions import first_line
+from notifications_retry.rules.outcomes import ClaimedRecord
 
 #: What a give-back raises when the database cannot take it (the records are kept for later).
 DATABASE_ERRORS = (DatabaseError, InterfaceError, psycopg.Error)

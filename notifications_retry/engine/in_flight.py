@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from notifications_retry.delivery.channel_rules import QUEUE_ROUNDS
-from notifications_retry.outcomes import Outcome
+from notifications_retry.rules.outcomes import Outcome
 
 
 class InFlightCap:

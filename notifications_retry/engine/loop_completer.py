@@ -3,7 +3,7 @@
 A running worker commits its outcomes beside its claims. On the worker's thread, between claims, a
 commit (about 30 ms for a batch at high concurrency) made every claim behind it wait, so the calls in
 flight drained while nothing new was claimed. Here the commits are one task of the send loop
-(:class:`~notifications_retry.asyncio_bridge.SteppedLoop`), awaited on the loop's asynchronous psycopg
+(:class:`~notifications_retry.runtime.asyncio_bridge.SteppedLoop`), awaited on the loop's asynchronous psycopg
 connection (engine.loop_connection), which the claims use too, in turns: they progress whenever the
 worker waits for its calls, as the sends do, and a commit waits at most for the claim under way. That
 connection is opened on the worker's thread, the loop run until it is open, never by the task in the
@@ -36,12 +36,12 @@ from typing import Any
 import psycopg
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, NeedsDjango, finalize_async
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
-from notifications_retry.exception_chain import first_line
-from notifications_retry.outcomes import Outcome
+from notifications_retry.exceptions import first_line
+from notifications_retry.rules.outcomes import Outcome
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
 #: Commits a batch on the loop: its report, or raises (NeedsDjango, psycopg's errors: Django's
 #: connection commits it instead; CommitUnavailable: the database cannot be reached).

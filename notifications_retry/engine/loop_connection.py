@@ -32,8 +32,8 @@ import psycopg
 import structlog
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from notifications_retry.asyncio_bridge import SteppedLoop
-from notifications_retry.exception_chain import first_line
+from notifications_retry.exceptions import first_line
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
 _T = TypeVar("_T")
 

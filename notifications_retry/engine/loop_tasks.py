@@ -7,8 +7,8 @@ and add none. A task's turn is short (its ``budget_seconds``), and while it has 
 take at most its ``share`` of the loop's time: due rows never wait long behind them. A task that
 raises is logged (``worker-task-failed``), counted (``notifications_retry_task_failures_total``) and
 run again after a backoff (doubling from its ``retry_seconds`` up to its ``retry_cap_seconds``): the
-sends go on. Only :class:`~notifications_retry.locks.LockNotDirect`, a configuration to fix, stops the
-worker, as it does at a tick.
+sends go on. Only :class:`~notifications_retry.database.locks.LockNotDirect`, a configuration to fix,
+stops the worker, as it does at a tick.
 
 The tasks themselves live where their work does (``outbox.relay.RelayTask``,
 ``housekeeping.HousekeepingTask``, :class:`OutboxGauges`): the command hands them to the worker.
@@ -24,14 +24,14 @@ from typing import Protocol
 
 import structlog
 
-from notifications_retry.clock import Clock
+from notifications_retry.database.locks import LockNotDirect
 from notifications_retry.delivery import unreadable_times
 from notifications_retry.engine.wakeup import WakeupPort
-from notifications_retry.exception_chain import first_line
-from notifications_retry.locks import LockNotDirect
+from notifications_retry.exceptions import first_line
 from notifications_retry.observability import metrics
 from notifications_retry.observability.health import outbox_backlog
-from notifications_retry.retry import exponential_delay
+from notifications_retry.rules.backoff import exponential_delay
+from notifications_retry.runtime.clock import Clock
 
 log = structlog.get_logger("notifications_retry.worker")
 

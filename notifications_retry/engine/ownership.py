@@ -1,12 +1,12 @@
 """Whether this worker still owns the cycle, known before each new provider call.
 
-The cycle's lock lives on a session of its own (:mod:`notifications_retry.locks`); PostgreSQL ends that
-session once it idles past ``LOCK_IDLE_SESSION_TIMEOUT_SECONDS``, and a standby then takes the lock and,
-once their leases run out, the rows. A process that was frozen (SIGSTOP, a paused VM) past that timeout
-must start nothing when it resumes. So a send may start only within :attr:`Ownership.window` seconds of
-the last time the lock was seen held: shorter than the idle timeout, a freeze long enough to lose the
-lock always outlasts it, and the worker's thread confirms the lock again (or learns it is lost) before
-any more calls start.
+The cycle's lock lives on a session of its own (:mod:`notifications_retry.database.locks`); PostgreSQL
+ends that session once it idles past ``LOCK_IDLE_SESSION_TIMEOUT_SECONDS``, and a standby then takes the
+lock and, once their leases run out, the rows. A process that was frozen (SIGSTOP, a paused VM) past that
+timeout must start nothing when it resumes. So a send may start only within :attr:`Ownership.window`
+seconds of the last time the lock was seen held: shorter than the idle timeout, a freeze long enough to
+lose the lock always outlasts it, and the worker's thread confirms the lock again (or learns it is lost)
+before any more calls start.
 """
 
 from __future__ import annotations

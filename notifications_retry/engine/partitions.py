@@ -30,8 +30,8 @@ from typing import Any
 import psycopg
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.lanes import DEFAULT_LANE
-from notifications_retry.locks import LOCK_IDLE_SESSION_TIMEOUT_SECONDS, AdvisoryLock, LockNotDirect
+from notifications_retry.conf.lanes import DEFAULT_LANE
+from notifications_retry.database.locks import LOCK_IDLE_SESSION_TIMEOUT_SECONDS, AdvisoryLock, LockNotDirect
 
 #: Between ticks, how often a worker short of its fair share tries again to take free partitions.
 RETRY_SECONDS = 2.0
@@ -84,8 +84,8 @@ def lane_lock(conf: RetrySettings, lane: str, rng: random.Random) -> AdvisoryLoc
 class PartitionLock(AdvisoryLock):
     """The partitions a worker owns, their advisory locks and its presence, on one direct session.
 
-    Used like :class:`~notifications_retry.locks.AdvisoryLock` by the worker: :meth:`acquire` begins a
-    tick with a fair share (True when it owns a partition), :meth:`still_held` proves them held,
+    Used like :class:`~notifications_retry.database.locks.AdvisoryLock` by the worker: :meth:`acquire`
+    begins a tick with a fair share (True when it owns a partition), :meth:`still_held` proves them held,
     :meth:`release` ends the tick (the partitions stay owned), :meth:`close` gives them and the presence
     back.
     """

@@ -17,7 +17,7 @@ from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.delivery import ClaimBatch, ClaimRequest, claim_due, release
 from notifications_retry.delivery.claim import Settle
-from notifications_retry.outcomes import ClaimedRecord
+from notifications_retry.rules.outcomes import ClaimedRecord
 
 
 class TickDatabase(Protocol):

@@ -9,11 +9,11 @@ from typing import Any
 import structlog
 from structlog.typing import FilteringBoundLogger
 
+from notifications_retry.conf.lanes import DEFAULT_LANE
 from notifications_retry.delivery import FinalizeReport
-from notifications_retry.lanes import DEFAULT_LANE
 from notifications_retry.observability import metrics
 from notifications_retry.observability.logging import redact
-from notifications_retry.outcomes import RETRY, SENT, Outcome
+from notifications_retry.rules.outcomes import RETRY, SENT, Outcome
 from notifications_retry.signals import terminal_failure
 
 log = structlog.get_logger("notifications_retry.worker")

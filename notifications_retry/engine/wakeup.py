@@ -3,7 +3,7 @@
 A tick every ``INTERVAL_SECONDS`` sent a row due just after a tick up to a whole interval late. Here
 the worker asks the database when its next row falls due and wakes then; a write that makes a row
 due sooner (a new scheduled or hand-off row, a retry, a requeue, "retry now", a re-enabled channel)
-NOTIFYs it (``db_rules.wakeup_triggers``), and it asks again. A poll every :data:`POLL_SECONDS`
+NOTIFYs it (``triggers.wakeup_triggers``), and it asks again. A poll every :data:`POLL_SECONDS`
 covers a notification that never came (a dropped connection, a writer with triggers disabled). So
 while nothing is due, a worker costs the database one cheap statement per poll, plus its tick (lock,
 heartbeat, bookkeeping) once an interval.
@@ -36,13 +36,13 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
-from notifications_retry.clock import Clock
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery import wakeup
 from notifications_retry.engine.partitions import RETRY_SECONDS, PartitionLock
 from notifications_retry.engine.reporting import TickStats
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.observability.heartbeat_file import BEAT_SECONDS
-from notifications_retry.retry import exponential_delay
+from notifications_retry.rules.backoff import exponential_delay
+from notifications_retry.runtime.clock import Clock
 
 #: The fallback poll: the longest a worker waits without asking the database when its next row is due.
 POLL_SECONDS = 2.0

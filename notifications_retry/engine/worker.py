@@ -28,9 +28,9 @@ from django.db import DatabaseError, InterfaceError, connection
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry import signals
-from notifications_retry.asyncio_bridge import SteppedLoop
-from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import RetrySettings, get_settings
+from notifications_retry.conf.lanes import DEFAULT_LANE, lane_channels
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.bookkeeping import Bookkeeping
@@ -50,10 +50,10 @@ from notifications_retry.engine.loop_tasks import LoopTasks
 from notifications_retry.engine.partitions import PartitionLock, lane_lock
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, reopens_at, wake_after
-from notifications_retry.lanes import DEFAULT_LANE, lane_channels
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.observability import metrics, tracing
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
+from notifications_retry.runtime.clock import Clock, default_clock
 
 log = structlog.get_logger("notifications_retry.worker")
 

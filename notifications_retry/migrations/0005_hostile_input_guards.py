@@ -2,7 +2,7 @@
 
 import django.core.validators
 import notifications_retry.models
-import notifications_retry.validation
+import notifications_retry.inputs.validation
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
@@ -73,52 +73,52 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='channelconfig',
             name='backoff_base_seconds',
-            field=models.PositiveIntegerField(default=60, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(86400), notifications_retry.validation.reject_non_finite]),
+            field=models.PositiveIntegerField(default=60, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(86400), notifications_retry.inputs.validation.reject_non_finite]),
         ),
         migrations.AlterField(
             model_name='channelconfig',
             name='backoff_cap_seconds',
-            field=models.PositiveIntegerField(default=3600, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(2592000), notifications_retry.validation.reject_non_finite]),
+            field=models.PositiveIntegerField(default=3600, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(2592000), notifications_retry.inputs.validation.reject_non_finite]),
         ),
         migrations.AlterField(
             model_name='channelconfig',
             name='max_attempts',
-            field=models.PositiveIntegerField(default=5, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(100), notifications_retry.validation.reject_non_finite]),
+            field=models.PositiveIntegerField(default=5, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(100), notifications_retry.inputs.validation.reject_non_finite]),
         ),
         migrations.AlterField(
             model_name='channelconfig',
             name='max_concurrency',
-            field=models.PositiveIntegerField(default=10, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(512), notifications_retry.validation.reject_non_finite]),
+            field=models.PositiveIntegerField(default=10, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(512), notifications_retry.inputs.validation.reject_non_finite]),
         ),
         migrations.AlterField(
             model_name='channelconfig',
             name='rate_limit_per_second',
-            field=models.FloatField(blank=True, help_text='Empty: no limit.', null=True, validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(100000), notifications_retry.validation.reject_non_finite]),
+            field=models.FloatField(blank=True, help_text='Empty: no limit.', null=True, validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(100000), notifications_retry.inputs.validation.reject_non_finite]),
         ),
         migrations.AlterField(
             model_name='channelconfig',
             name='timeout_seconds',
-            field=models.FloatField(default=10.0, validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(300), notifications_retry.validation.reject_non_finite]),
+            field=models.FloatField(default=10.0, validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(300), notifications_retry.inputs.validation.reject_non_finite]),
         ),
         migrations.AlterField(
             model_name='notificationentity',
             name='correlation_id',
-            field=models.CharField(blank=True, default='', max_length=64, validators=[notifications_retry.validation.reject_unstorable_text]),
+            field=models.CharField(blank=True, default='', max_length=64, validators=[notifications_retry.inputs.validation.reject_unstorable_text]),
         ),
         migrations.AlterField(
             model_name='notificationentity',
             name='notification_type',
-            field=models.CharField(blank=True, default='', help_text='e.g. transactional, marketing: sets the attempt budget.', max_length=64, validators=[notifications_retry.validation.reject_unstorable_text]),
+            field=models.CharField(blank=True, default='', help_text='e.g. transactional, marketing: sets the attempt budget.', max_length=64, validators=[notifications_retry.inputs.validation.reject_unstorable_text]),
         ),
         migrations.AlterField(
             model_name='notificationentity',
             name='payload',
-            field=models.JSONField(blank=True, default=dict, validators=[notifications_retry.validation.reject_invalid_payload]),
+            field=models.JSONField(blank=True, default=dict, validators=[notifications_retry.inputs.validation.reject_invalid_payload]),
         ),
         migrations.AlterField(
             model_name='notificationentity',
             name='recipient',
-            field=models.TextField(validators=[django.core.validators.MaxLengthValidator(4096), notifications_retry.validation.reject_unstorable_text]),
+            field=models.TextField(validators=[django.core.validators.MaxLengthValidator(4096), notifications_retry.inputs.validation.reject_unstorable_text]),
         ),
         pgtrigger.migrations.AddTrigger(
             model_name='notificationentity',

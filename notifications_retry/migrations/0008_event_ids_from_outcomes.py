@@ -1,6 +1,6 @@
 """0008: outbox event ids derived from their outcome; the provider message id index dropped.
 
-New events get ``nr_outbox_event_id(topic, key, generation)`` as their id (notifications_retry.event_ids
+New events get ``nr_outbox_event_id(topic, key, generation)`` as their id (notifications_retry.rules.event_ids
 computes the same in Python), so the unique ``event_id`` index alone keeps one event per outcome and
 the wide unique (topic, key, generation) index goes. Existing events keep their ids — a published id
 never changes — and a partial unique index over exactly those rows (whose id is not the derived one)
@@ -19,7 +19,7 @@ import pgtrigger.migrations
 from django.db import migrations, models
 
 # RFC 4122 version 3 (MD5) of the UTF-8 bytes of topic NUL key NUL generation under the namespace
-# notifications_retry.event_ids.NAMESPACE, as uuid.uuid3 computes it. IMMUTABLE although convert_to
+# notifications_retry.rules.event_ids.NAMESPACE, as uuid.uuid3 computes it. IMMUTABLE although convert_to
 # is only STABLE: a database's encoding is fixed when it is created, so the result never changes
 # (an index predicate and the insert trigger rely on it).
 EVENT_ID_FUNCTION = r"""

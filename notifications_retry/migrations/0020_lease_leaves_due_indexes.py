@@ -1,6 +1,6 @@
 """A leased row leaves the due indexes: its lease is found by its expiry instead.
 
-The due-time rule gives a leased row no ``due_at`` (``db_rules.DUE_AT_RULE``), so the lease's row
+The due-time rule gives a leased row no ``due_at`` (``triggers.DUE_AT_RULE``), so the lease's row
 version enters none of the three due indexes, and ``nr_lease_expiry_idx`` holds the leases by expiry:
 the wake-up's and the claim's way to a lease whose worker died (the claim gives such a lease back,
 ``delivery.lapsed_leases.LAPSED_LEASES``). Rows leased while this runs lose their ``due_at`` here.

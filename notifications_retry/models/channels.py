@@ -8,11 +8,12 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import bounds
-from ..channel_settings import ChannelSettings
-from ..db_rules import channel_triggers
-from ..url_policy import resolution_problems
-from ..validation import range_validators
+from notifications_retry.conf import bounds
+from notifications_retry.conf.channel_settings import ChannelSettings
+from notifications_retry.database.triggers import channel_triggers
+from notifications_retry.inputs.url_policy import resolution_problems
+from notifications_retry.inputs.validation import range_validators
+
 from .constraints import check_constraint, range_constraint
 
 

@@ -6,7 +6,7 @@ import django
 from django.db import models
 from django.db.models import Q
 
-from .. import bounds
+from notifications_retry.conf import bounds
 
 
 def check_constraint(condition: Q, name: str) -> models.CheckConstraint:

@@ -11,15 +11,16 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import bounds
-from ..db_rules import notification_triggers
-from ..outcomes import CANCELLED
-from ..validation import reject_invalid_payload, reject_unstorable_text
+from notifications_retry.conf import bounds
+from notifications_retry.database.triggers import notification_triggers
+from notifications_retry.inputs.validation import reject_invalid_payload, reject_unstorable_text
+from notifications_retry.rules.outcomes import CANCELLED
+
 from .channels import ChannelConfig
 from .constraints import check_constraint
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
-CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (outcomes.py)
+CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (rules/outcomes.py)
 
 
 class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
@@ -80,7 +81,7 @@ class NotificationEntity(models.Model):
     channel = models.ForeignKey(
         ChannelConfig, on_delete=models.PROTECT, related_name="notifications", db_index=False
     )
-    # The API's rules (validation.py) as field validators, so full_clean and forms refuse the same.
+    # The API's rules (inputs/validation.py) as field validators, so full_clean and forms refuse the same.
     recipient = models.TextField(
         validators=[MaxLengthValidator(bounds.RECIPIENT_MAX_LENGTH), reject_unstorable_text]
     )
@@ -155,7 +156,7 @@ class NotificationEntity(models.Model):
                 condition=Q(due_at__isnull=False),
             ),
             # Leases, by expiry: the wake-up's and the claim's way to a lease whose worker died (a
-            # leased row has no due_at, db_rules.DUE_AT_RULE).
+            # leased row has no due_at, triggers.DUE_AT_RULE).
             models.Index(
                 fields=["claim_expires_at"],
                 name="nr_lease_expiry_idx",

@@ -9,8 +9,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from ..db_rules import outbox_triggers
-from ..event_ids import DERIVED_EVENT_ID, outbox_event_id
+from notifications_retry.database.triggers import outbox_triggers
+from notifications_retry.rules.event_ids import DERIVED_EVENT_ID, outbox_event_id
 
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 #: What an ESP reported after a send (docs/events.md); its events carry the same contract version.

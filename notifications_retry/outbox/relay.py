@@ -33,18 +33,18 @@ import psycopg
 import structlog
 from django.db import DatabaseError, transaction
 
-from notifications_retry import events
-from notifications_retry.clock import Clock, default_clock
 from notifications_retry.conf import get_settings
+from notifications_retry.database.locks import AdvisoryLock, dedicated_connection, direct_session_pid
+from notifications_retry.delivery import events
 from notifications_retry.delivery.outbox import mark_published
 from notifications_retry.delivery.session import drop_broken_connection
-from notifications_retry.locks import AdvisoryLock, dedicated_connection, direct_session_pid
 from notifications_retry.models import Outbox
 from notifications_retry.observability import metrics
 from notifications_retry.observability.health import outbox_backlog
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
 from notifications_retry.outbox.publishers import Publisher, PublishError, get_publisher
-from notifications_retry.retry import exponential_delay
+from notifications_retry.rules.backoff import exponential_delay
+from notifications_retry.runtime.clock import Clock, default_clock
 
 log = structlog.get_logger("notifications_retry.relay")
 
@@ -102,7 +102,7 @@ class RelayReport:
         return bool(self.blocked_keys)
 
 
-#: How :class:`~notifications_retry.locks.LockNotDirect` names the relay's locks.
+#: How :class:`~notifications_retry.database.locks.LockNotDirect` names the relay's locks.
 KEY_LOCKS_NAME = "the outbox relay's key locks"
 
 

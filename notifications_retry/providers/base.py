@@ -7,9 +7,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from notifications_retry.channel_settings import ChannelSettings as ChannelSettings
-from notifications_retry.evidence import Evidence
-from notifications_retry.outcomes import ClaimedRecord
+from notifications_retry.conf.channel_settings import ChannelSettings as ChannelSettings
+from notifications_retry.rules.evidence import Evidence
+from notifications_retry.rules.outcomes import ClaimedRecord
 
 
 @dataclasses.dataclass(frozen=True)

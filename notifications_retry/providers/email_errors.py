@@ -25,9 +25,10 @@ import smtplib
 import socket
 from typing import Literal
 
-from ..exception_chain import causes
+from notifications_retry.exceptions import causes
+from notifications_retry.rules.outcomes import MAILBOX_UNAVAILABLE as MAILBOX_UNAVAILABLE_KIND
+
 from ..exceptions import PermanentProviderError, ProviderError, RetryableProviderError
-from ..outcomes import MAILBOX_UNAVAILABLE as MAILBOX_UNAVAILABLE_KIND
 from .http_status import status_error
 
 #: Where the failure happened: opening the connection (connect, EHLO, STARTTLS, login) or sending.
@@ -37,7 +38,7 @@ _ENHANCED_STATUS = re.compile(r"^\s*([245]\.\d{1,3}\.\d{1,3})\b")
 
 #: Enhanced status codes (RFC 3463, RFC 7505) that name the recipient's mailbox as gone for good.
 MAILBOX_GONE = frozenset({"5.1.1", "5.1.10", "5.2.1"})
-#: The error kind of such a reply (``notifications_retry.outcomes.MAILBOX_UNAVAILABLE``).
+#: The error kind of such a reply (``notifications_retry.rules.outcomes.MAILBOX_UNAVAILABLE``).
 MAILBOX_UNAVAILABLE = MAILBOX_UNAVAILABLE_KIND
 
 

@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 
 from django.conf import settings as django_settings
 
+from notifications_retry.rules.backoff import retry_after_seconds
+
 from ..conf import RETRY_AFTER_MAX_SECONDS_LIMIT, SETTINGS_NAME, RetrySettings, get_settings
 from ..exceptions import PermanentProviderError, ProviderError, ProviderThrottled, RetryableProviderError
-from ..retry import retry_after_seconds
 
 
 def status_error(status: int, retry_after: str | None, reason: str) -> ProviderError:

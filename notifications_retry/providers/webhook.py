@@ -10,10 +10,11 @@ from urllib.parse import urlsplit
 
 from django.conf import settings as django_settings
 
-from .. import url_policy
-from ..asyncio_bridge import run_sync
+from notifications_retry.inputs import url_policy
+from notifications_retry.rules.evidence import Evidence, answer_text
+from notifications_retry.runtime.asyncio_bridge import run_sync
+
 from ..conf import SETTINGS_NAME, get_settings
-from ..evidence import Evidence, answer_text
 from ..exceptions import PermanentProviderError, ProviderError, RetryableProviderError
 from ..version import __version__
 from . import http_client
@@ -82,7 +83,7 @@ class WebhookProvider(Provider):
     (:mod:`notifications_retry.providers.webhook_signing`); ``wall_clock`` gives the Unix time of
     each attempt, the signature's timestamp.
 
-    Every send checks the URL policy (:mod:`notifications_retry.url_policy`) and every connection
+    Every send checks the URL policy (:mod:`notifications_retry.inputs.url_policy`) and every connection
     the address it goes to: a refused URL is a permanent ``url_refused`` failure, never a request.
     """
 

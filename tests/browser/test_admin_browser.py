@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from notifications_retry.events import dispatched_event
+from notifications_retry.delivery.events import dispatched_event
 from notifications_retry.models import BacklogSample, DeadLetterAction, NotificationEntity, WorkerHeartbeat
 from tests.factories import ChannelFactory, NotificationFactory
 

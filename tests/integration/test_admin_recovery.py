@@ -14,10 +14,10 @@ from django.test import Client
 from django.urls import reverse
 
 from notifications_retry import api
-from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import recovery
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import DeadLetterAction, NotificationEntity, RecoveryJob, Suppression
+from notifications_retry.runtime.clock import ManualClock
 from tests.factories import ChannelFactory
 from tests.support.admin_pages import assert_admin_times
 from tests.support.dead_letters import seed_dead_letters

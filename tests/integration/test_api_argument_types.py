@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from notifications_retry import api
+from notifications_retry.inputs.validation import InvalidNotification
 from notifications_retry.models import NotificationEntity
-from notifications_retry.validation import InvalidNotification
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

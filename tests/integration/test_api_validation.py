@@ -15,9 +15,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from notifications_retry import api
+from notifications_retry.inputs.validation import InvalidNotification
 from notifications_retry.models import NotificationEntity
 from notifications_retry.providers.base import Provider
-from notifications_retry.validation import InvalidNotification
 from tests.factories import ChannelFactory
 
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ import pytest
 from notifications_retry import api
 from notifications_retry.delivery.triage import requeue
 from notifications_retry.engine.worker import Worker
-from notifications_retry.evidence import EXCERPT_BYTES, answer_text
 from notifications_retry.models import NotificationEntity
 from notifications_retry.observability.excerpts import excerpt
+from notifications_retry.rules.evidence import EXCERPT_BYTES, answer_text
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 
@@ -171,7 +171,7 @@ def test_excerpt_cuts_at_a_character_boundary_and_masks_payload_texts():
 
 def test_a_recovery_jobs_requeue_is_a_replay(clock, webhook_server):
     from notifications_retry.delivery import recovery
-    from notifications_retry.recovery_filter import recovery_filter
+    from notifications_retry.delivery.recovery_filter import recovery_filter
 
     webhook_server.responder = lambda request: Reply(500, "down")
     channel = webhook_channel(webhook_server)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from notifications_retry import events
+from notifications_retry.delivery import events
 from notifications_retry.models import Outbox
 from notifications_retry.outbox.publishers import (
     NatsPublisher,

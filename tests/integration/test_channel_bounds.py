@@ -21,7 +21,7 @@ from django.core.checks import run_checks
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
-from notifications_retry import bounds
+from notifications_retry.conf import bounds
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory

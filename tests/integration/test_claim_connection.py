@@ -13,13 +13,13 @@ import pytest
 from django.db import connection
 from structlog.testing import capture_logs
 
-from notifications_retry.asyncio_bridge import SteppedLoop
 from notifications_retry.delivery import ChannelClaim, ClaimRequest
 from notifications_retry.engine import claiming as claim_connection_module
 from notifications_retry.engine import dispatcher
 from notifications_retry.engine.claiming import ClaimConnection
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 from tests.factories import ChannelFactory, NotificationFactory, due_notifications
 from tests.support.http_server import Reply
 

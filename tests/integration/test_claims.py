@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from django.db import connection
 
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery import RETRY, SENT, ChannelClaim, ClaimRequest, Outcome, claim_due, finalize
 from notifications_retry.engine.worker import Worker
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory, NotificationFactory, due_notifications
 

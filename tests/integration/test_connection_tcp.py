@@ -10,9 +10,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 
+from notifications_retry.database.locks import dedicated_connection
+from notifications_retry.database.tcp_settings import TCP_SETTINGS
 from notifications_retry.delivery.session import bound_connections
-from notifications_retry.locks import dedicated_connection
-from notifications_retry.tcp_settings import TCP_SETTINGS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

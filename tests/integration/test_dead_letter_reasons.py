@@ -19,9 +19,9 @@ from django.test import Client
 from django.urls import reverse
 
 from notifications_retry import api
-from notifications_retry.clock import ManualClock
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.runtime.clock import ManualClock
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""``due_at`` always follows its rule (db_rules.DUE_AT_RULE): the worker's claim and finalize write it
+"""``due_at`` always follows its rule (triggers.DUE_AT_RULE): the worker's claim and finalize write it
 themselves, and the trigger corrects any other write that leaves it off the rule."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from notifications_retry.db_rules import DUE_AT_RULE
+from notifications_retry.database.triggers import DUE_AT_RULE
 from notifications_retry.delivery import (
     RETRY,
     SENT,

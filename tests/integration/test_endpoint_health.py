@@ -8,10 +8,9 @@ from datetime import timedelta
 import jsonschema
 import pytest
 
-from notifications_retry import events, signals
-from notifications_retry.delivery import health
+from notifications_retry import signals
+from notifications_retry.delivery import events, health
 from notifications_retry.engine.worker import Worker
-from notifications_retry.health_rules import Thresholds, Window, assess, bucket_start
 from notifications_retry.models import (
     CHANNEL_HEALTH_TOPIC,
     ChannelConfig,
@@ -20,6 +19,7 @@ from notifications_retry.models import (
     NotificationEntity,
     Outbox,
 )
+from notifications_retry.rules.endpoint_health import Thresholds, Window, assess, bucket_start
 from tests.conftest import allow_loopback
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
@@ -261,7 +261,7 @@ def test_reenabling_is_audited_refused_during_the_cooldown_and_starts_the_window
 
 def test_two_writers_never_announce_one_change_twice(clock):
     channel = ChannelFactory(key="c1", provider_key="stub")
-    from notifications_retry.health_rules import Transition
+    from notifications_retry.rules.endpoint_health import Transition
 
     first = health.change(channel.pk, "ok", Transition("warning", "x"), clock.now())
     second = health.change(channel.pk, "ok", Transition("warning", "x"), clock.now())
@@ -274,7 +274,7 @@ def test_two_writers_never_announce_one_change_twice(clock):
 
 
 def auto_disabled(clock, key="partner_hook"):
-    from notifications_retry.health_rules import Transition
+    from notifications_retry.rules.endpoint_health import Transition
 
     channel = ChannelFactory(key=key, provider_key="stub")
     health.change(channel.pk, "ok", Transition("disabled", "the endpoint answered 410 Gone"), clock.now())
@@ -287,7 +287,7 @@ def test_the_admin_shows_health_and_reenables_only_through_the_audited_action(ad
     from django.urls import reverse
     from django.utils import timezone
 
-    from notifications_retry.clock import ManualClock
+    from notifications_retry.runtime.clock import ManualClock
     from tests.integration.test_admin_pages import channel_form
 
     settings.NOTIFICATIONS_RETRY = {"ENDPOINT_HEALTH": {"reenable_cooldown_seconds": 600}}

@@ -19,7 +19,8 @@ import jsonschema
 import pytest
 from structlog.testing import capture_logs
 
-from notifications_retry import api, events
+from notifications_retry import api
+from notifications_retry.delivery import events
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import DeliveryStatus, NotificationEntity, Outbox, Suppression
 from tests.factories import ChannelFactory, NotificationFactory

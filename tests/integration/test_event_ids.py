@@ -16,11 +16,11 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from notifications_retry import events
-from notifications_retry.db_rules import LEGACY_EVENT_OF_NEW_EVENTS_SQL
+from notifications_retry.database.triggers import LEGACY_EVENT_OF_NEW_EVENTS_SQL
+from notifications_retry.delivery import events
 from notifications_retry.engine.worker import Worker
-from notifications_retry.event_ids import NAMESPACE, outbox_event_id
 from notifications_retry.models import DISPATCHED_TOPIC, NotificationEntity, Outbox
+from notifications_retry.rules.event_ids import NAMESPACE, outbox_event_id
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from notifications_retry import api, events
-from notifications_retry.delivery import finalize, triage
+from notifications_retry import api
+from notifications_retry.delivery import events, finalize, triage
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory, NotificationFactory

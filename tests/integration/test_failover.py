@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from notifications_retry import events
+from notifications_retry.delivery import events
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory, NotificationFactory

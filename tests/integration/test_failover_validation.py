@@ -13,8 +13,8 @@ from django.core.checks import run_checks
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from notifications_retry import events
 from notifications_retry.admin.channels import ChannelConfigForm
+from notifications_retry.delivery import events
 from notifications_retry.exceptions import RetryableProviderError
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.base import ChannelSettings, OutgoingMessage

@@ -16,12 +16,12 @@ from datetime import timedelta
 
 import pytest
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.conf import get_settings
 from notifications_retry.engine.flow_control import CircuitBreaker
 from notifications_retry.engine.worker import Worker
-from notifications_retry.health_rules import Thresholds, Window, assess, probing_minimum
 from notifications_retry.models import ChannelConfig, ChannelHealthChange, NotificationEntity
+from notifications_retry.rules.endpoint_health import Thresholds, Window, assess, probing_minimum
+from notifications_retry.runtime.clock import ManualClock
 from tests.conftest import allow_loopback
 from tests.factories import ChannelFactory
 from tests.support.due_rows import due_rows

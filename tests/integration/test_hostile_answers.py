@@ -11,7 +11,7 @@ import pytest
 
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
-from notifications_retry.retry import MAX_DELAY_SECONDS
+from notifications_retry.rules.backoff import MAX_DELAY_SECONDS
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from notifications_retry import api, events
+from notifications_retry import api
+from notifications_retry.delivery import events
 from notifications_retry.housekeeping import prune_published_outbox, run_housekeeping
 from notifications_retry.models import (
     BacklogSample,

@@ -14,7 +14,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from notifications_retry import events
+from notifications_retry.delivery import events
 from notifications_retry.models import DeadLetterAction, NotificationEntity, Outbox
 from tests.factories import ChannelFactory, NotificationFactory
 

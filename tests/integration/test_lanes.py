@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.engine.worker import Worker
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer

@@ -13,7 +13,7 @@ from django.core.checks import run_checks
 from django.db import connection, connections
 from django.test import override_settings
 
-from notifications_retry.locks import LOCK_APPLICATION_NAME, AdvisoryLock, LockNotDirect
+from notifications_retry.database.locks import LOCK_APPLICATION_NAME, AdvisoryLock, LockNotDirect
 from tests.support.pgbouncer import PgBouncer, pgbouncer_binary
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -178,7 +178,7 @@ def test_check_database_passes_a_direct_lock_session(alias):
 def test_a_session_without_the_startup_timeout_is_refused(alias, monkeypatch):
     # A proxy that passes the server's key through but drops the startup `options`: stand in for it
     # by opening the connection without the lock's session settings.
-    from notifications_retry import locks
+    from notifications_retry.database import locks
 
     real = locks.dedicated_connection
 

@@ -27,7 +27,7 @@ from notifications_retry.models import (
     Outbox,
     Suppression,
 )
-from notifications_retry.outcomes import TERMINAL, Outcome
+from notifications_retry.rules.outcomes import TERMINAL, Outcome
 from tests.conftest import allow_loopback
 from tests.factories import ChannelFactory, NotificationFactory, due_notifications
 from tests.support.http_server import Reply

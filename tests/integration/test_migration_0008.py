@@ -52,7 +52,7 @@ with connection.cursor() as cursor:
     cursor.execute(PUBLISH, [old_ids[0]])
 
 call_command("migrate", verbosity=0)
-from notifications_retry.event_ids import outbox_event_id
+from notifications_retry.rules.event_ids import outbox_event_id
 
 result = {}
 with connection.cursor() as cursor:

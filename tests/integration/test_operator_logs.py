@@ -11,9 +11,9 @@ from django.db import connection
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.runtime.clock import ManualClock
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db

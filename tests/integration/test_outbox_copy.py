@@ -12,8 +12,8 @@ from django.db import connection
 
 from notifications_retry.delivery import SENT, TERMINAL, Outcome, finalize
 from notifications_retry.delivery.finalize import FinalizeReport, finalize_async
-from notifications_retry.event_ids import outbox_event_id
 from notifications_retry.models import Outbox
+from notifications_retry.rules.event_ids import outbox_event_id
 from tests.support.claims import claimed_in_app
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.runtime.clock import ManualClock
 from tests.conftest import allow_loopback
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import ScriptedServer

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import CommandError, call_command
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import recovery
+from notifications_retry.delivery.recovery_filter import RecoveryInputError, recovery_filter
 from notifications_retry.models import DeadLetterAction, NotificationEntity, RecoveryJob
-from notifications_retry.recovery_filter import RecoveryInputError, recovery_filter
+from notifications_retry.runtime.clock import ManualClock
 from tests.factories import ChannelFactory
 from tests.support.dead_letters import seed_dead_letters
 

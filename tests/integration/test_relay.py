@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 from structlog.testing import capture_logs
 
-from notifications_retry import events
+from notifications_retry.delivery import events
 from notifications_retry.models import Outbox
 from notifications_retry.outbox.publishers import HttpPublisher, LogPublisher, get_publisher
 from notifications_retry.outbox.publishers.http import KEY_HEADER

@@ -13,10 +13,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from notifications_retry import api
-from notifications_retry.addresses import normalize_recipient
 from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.delivery import suppression as service
 from notifications_retry.engine.worker import Worker
+from notifications_retry.inputs.addresses import normalize_recipient
 from notifications_retry.models import (
     ChannelConfig,
     NotificationEntity,

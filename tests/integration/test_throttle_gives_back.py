@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.db.models import Sum
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
+from notifications_retry.runtime.clock import ManualClock
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer
 

@@ -17,9 +17,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.engine.wakeup import LockConnectionPort, Wake
 from notifications_retry.engine.worker import Worker
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, NotificationFactory
 

@@ -10,11 +10,11 @@ from django.db import connection
 from django.utils import timezone
 
 from notifications_retry import api
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due, finalize, release
 from notifications_retry.engine.wakeup import LockConnectionPort
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import ChannelConfig, NotificationEntity
-from notifications_retry.outcomes import RETRY, Outcome
+from notifications_retry.rules.outcomes import RETRY, Outcome
 from tests.factories import ChannelFactory, NotificationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.asyncio_bridge import run_sync
 from notifications_retry.exceptions import PermanentProviderError, ProviderError, RetryableProviderError
 from notifications_retry.providers import http_client
 from notifications_retry.providers.base import ChannelSettings, OutgoingMessage, SendResult
 from notifications_retry.providers.webhook import MAX_RESPONSE_BYTES, WebhookProvider
+from notifications_retry.runtime.asyncio_bridge import run_sync
 from tests.conftest import allow_loopback
 from tests.support.raw_http_server import (
     OK,

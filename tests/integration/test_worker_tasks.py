@@ -16,16 +16,16 @@ from django.utils import timezone
 from structlog.testing import capture_logs
 
 from notifications_retry import api
-from notifications_retry.clock import ManualClock
+from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.engine.loop_tasks import OutboxGauges
 from notifications_retry.engine.worker import Worker
 from notifications_retry.housekeeping import BACKLOG_SAMPLE_RETENTION_HOURS, HousekeepingTask
-from notifications_retry.locks import AdvisoryLock
 from notifications_retry.models import BacklogSample, NotificationEntity, Outbox
 from notifications_retry.observability import metrics
 from notifications_retry.outbox import relay
 from notifications_retry.outbox.publishers import LogPublisher
 from notifications_retry.outbox.relay import LOCK_CLASS, Relay, relay_task
+from notifications_retry.runtime.clock import ManualClock
 from tests.conftest import allow_loopback
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply, ScriptedServer

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection
 
 from notifications_retry import api
-from notifications_retry.locks import LOCK_APPLICATION_NAME
+from notifications_retry.database.locks import LOCK_APPLICATION_NAME
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import ChannelFactory
 from tests.process.conftest import StartWorker, seed_due

@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from notifications_retry.events import dispatched_event
+from notifications_retry.delivery.events import dispatched_event
 from notifications_retry.models import NotificationEntity, Outbox
 from tests.factories import NotificationFactory
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.models import NotificationEntity
-from notifications_retry.outcomes import ClaimedRecord
+from notifications_retry.rules.outcomes import ClaimedRecord
 from tests.factories import ChannelFactory, NotificationFactory
 
 

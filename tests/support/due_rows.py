@@ -6,8 +6,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from notifications_retry.clock import Clock
 from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.runtime.clock import Clock
 from tests.factories import NotificationFactory
 
 

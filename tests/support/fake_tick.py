@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery import ClaimBatch, ClaimRequest, FinalizeReport
 from notifications_retry.engine.channels import ChannelRuntime
@@ -29,8 +28,9 @@ from notifications_retry.engine.executor import Executor
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.exceptions import RetryableProviderError
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import SENT, ClaimedRecord, Outcome
 from notifications_retry.providers.base import OutgoingMessage, Provider, SendResult
+from notifications_retry.rules.outcomes import SENT, ClaimedRecord, Outcome
+from notifications_retry.runtime.clock import ManualClock
 from tests.support.records import claimed_record
 
 CONF = get_settings()
@@ -304,7 +304,7 @@ def run_loop_tick(
     finish_within: float = 5.0,
 ) -> TickStats:
     """One tick of ``rt`` (channel 1) by :func:`loop_dispatcher` on a real send loop of its own."""
-    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     loop = SteppedLoop()
     dispatcher, completer = loop_dispatcher(time, db, executor, loop, stopping, commit_delay=commit_delay)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from notifications_retry.outcomes import ClaimedRecord
+from notifications_retry.rules.outcomes import ClaimedRecord
 
 
 def claimed_record(**fields: Any) -> ClaimedRecord:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from notifications_retry.engine.failures import BACKOFF_CAP_SECONDS, BACKOFF_FIRST_SECONDS, Backoff
-from notifications_retry.retry import BackoffPolicy, exponential_delay, next_attempt_at
+from notifications_retry.rules.backoff import BackoffPolicy, exponential_delay, next_attempt_at
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 import structlog
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport
 from notifications_retry.engine.completer import RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS, Completer
 from notifications_retry.engine.in_flight import InFlightCap
-from notifications_retry.outcomes import SENT, Outcome
+from notifications_retry.rules.outcomes import SENT, Outcome
+from notifications_retry.runtime.clock import ManualClock
 from tests.support.records import claimed_record
 
 

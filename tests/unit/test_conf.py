@@ -10,13 +10,13 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from notifications_retry import bounds
 from notifications_retry.conf import (
     GROUPS,
     REMOVED_KEYS,
     CircuitBreaker,
     EndpointHealth,
     RetrySettings,
+    bounds,
     get_settings,
     heartbeat_max_age,
     settings_problems,

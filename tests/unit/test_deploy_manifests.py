@@ -21,7 +21,7 @@ from django.core.management import get_commands, load_command_class
 from django.core.management.base import CommandError
 from kubernetes_validate.utils import latest_version
 
-from notifications_retry import bounds
+from notifications_retry.conf import bounds
 from notifications_retry.engine.worker import stop_budget_seconds
 
 ROOT = Path(__file__).resolve().parents[2]

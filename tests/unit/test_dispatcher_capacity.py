@@ -10,8 +10,8 @@ from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECON
 from notifications_retry.engine.feedback import FlowFeedback
 from notifications_retry.engine.ownership import Ownership
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 from notifications_retry.providers.webhook import WebhookProvider
+from notifications_retry.rules.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 from tests.support.records import claimed_record
 
 CHUNK = 100
@@ -183,7 +183,7 @@ class _Executor:
 
 
 def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
-    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     loop = SteppedLoop()
 
@@ -206,7 +206,7 @@ def test_a_finished_call_starts_the_next_queued_record_at_full_concurrency():
 
 def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
     # A process resumed after a freeze: the lock was last seen held long ago (the standby has it now).
-    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     loop = SteppedLoop()
 
@@ -234,7 +234,7 @@ def test_a_slot_starts_no_next_call_once_its_ownership_is_unconfirmed():
 def test_the_send_loop_keeps_a_signal_given_between_two_waits_and_runs_again_after_a_close():
     import time
 
-    from notifications_retry.asyncio_bridge import SteppedLoop
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     loop = SteppedLoop()
     for _ in range(2):  # a worker run twice closes its loop in between

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notifications_retry.exception_chain import causes, first_line, message_line
+from notifications_retry.exceptions import causes, first_line, message_line
 
 
 class Wrapper(Exception):

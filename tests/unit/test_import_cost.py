@@ -19,7 +19,7 @@ import django
 django.setup()
 import notifications_retry.admin, notifications_retry.providers
 from notifications_retry.providers import get_provider_class
-from notifications_retry.channel_settings import ChannelSettings
+from notifications_retry.conf.channel_settings import ChannelSettings
 print(sorted(m for m in {libraries!r} if m in sys.modules))
 get_provider_class("webhook")(ChannelSettings("hook", "webhook", 5.0, 4, {{"url": "https://hooks.example/in"}}))
 print(sorted(m for m in {libraries!r} if m in sys.modules))

@@ -6,9 +6,9 @@ from notifications_retry.conf import get_settings
 from notifications_retry.engine.channels import QUEUE_ROUNDS, ChannelRuntime
 from notifications_retry.engine.in_flight import InFlightCap, fit_to_room
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import SENT, Outcome
 from notifications_retry.providers.in_app import InAppProvider
 from notifications_retry.providers.webhook import WebhookProvider
+from notifications_retry.rules.outcomes import SENT, Outcome
 from tests.support.records import claimed_record
 
 CHUNK = 100

@@ -7,8 +7,8 @@ from datetime import datetime
 import pytest
 from structlog.testing import capture_logs
 
+from notifications_retry.database.locks import LockNotDirect
 from notifications_retry.engine.loop_tasks import LoopTasks, TasksWhileWaiting
-from notifications_retry.locks import LockNotDirect
 from notifications_retry.observability import metrics
 
 

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from notifications_retry import signals
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
-from notifications_retry.outcomes import RETRY, SENT, TERMINAL, Outcome
+from notifications_retry.rules.outcomes import RETRY, SENT, TERMINAL, Outcome
 from tests.support.records import claimed_record
 
 

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from notifications_retry.outcomes import (
+from notifications_retry.rules.backoff import BackoffPolicy
+from notifications_retry.rules.outcomes import (
     ATTEMPTS_INVALID,
     DEADLINE_FLOOR,
     EXHAUSTED,
@@ -20,7 +21,6 @@ from notifications_retry.outcomes import (
     before_send,
     decide,
 )
-from notifications_retry.retry import BackoffPolicy
 from tests.support.records import claimed_record
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

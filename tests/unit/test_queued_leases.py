@@ -9,8 +9,8 @@ from __future__ import annotations
 from notifications_retry.delivery.channel_rules import start_allowance_seconds
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import ClaimedRecord, Outcome
 from notifications_retry.providers.webhook import WebhookProvider
+from notifications_retry.rules.outcomes import ClaimedRecord, Outcome
 from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeTime, run_loop_tick
 
 TIMEOUT = 5.0

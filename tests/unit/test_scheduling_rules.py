@@ -24,8 +24,8 @@ from notifications_retry.engine.dispatcher import CLAIM_CHUNK_SIZE, Dispatcher
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import wake_after
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import Outcome
 from notifications_retry.providers.base import OutgoingMessage
+from notifications_retry.rules.outcomes import Outcome
 from tests.support.fake_tick import (
     CONF,
     AnswersAtOnce,
@@ -217,10 +217,10 @@ def test_an_idle_tick_ends_at_once(rows):
 
 
 def test_a_full_cap_whose_commits_the_database_refuses_gives_its_queue_back_at_the_deadline():
-    from notifications_retry.asyncio_bridge import SteppedLoop
     from notifications_retry.delivery import CommitUnavailable
     from notifications_retry.engine.in_flight import InFlightCap
     from notifications_retry.providers.webhook import WebhookProvider
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     time, cap, loop = FakeTime(), InFlightCap(2), SteppedLoop()
     db = FakeDatabase(time)

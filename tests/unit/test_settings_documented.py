@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import notifications_retry
-from notifications_retry import api, bounds
-from notifications_retry.conf import GROUPS, REMOVED_KEYS, RetrySettings
+from notifications_retry import api
+from notifications_retry.conf import GROUPS, REMOVED_KEYS, RetrySettings, bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_DOC = ROOT / "docs" / "settings.md"

@@ -11,7 +11,7 @@ import pytest
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.reporting import TickStats
 from notifications_retry.models import ChannelConfig
-from notifications_retry.outcomes import ClaimedRecord, Outcome
+from notifications_retry.rules.outcomes import ClaimedRecord, Outcome
 from tests.support.fake_tick import (
     CONF,
     AnswersAtOnce,
@@ -99,8 +99,8 @@ def test_a_lock_lost_during_a_spread_burst_gives_back_what_had_not_started_and_t
 def test_a_stop_between_a_starts_spawn_and_its_first_step_sends_nothing_even_unspread():
     """A start's first step may come a while after the dispatcher's pass that made it a task (a loaded
     machine): with no spread at all (no call has ended yet), it still asks whether it may send."""
-    from notifications_retry.asyncio_bridge import SteppedLoop
     from notifications_retry.engine.ownership import Ownership
+    from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     time, loop, stop = FakeTime(), SteppedLoop(), [False]
     db = FakeDatabase(time)

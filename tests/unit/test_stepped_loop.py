@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from notifications_retry.asyncio_bridge import SteppedLoop
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
 
 def test_a_started_task_runs_only_while_the_owner_runs_the_loop_and_its_result_is_taken_later():

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.url_policy import (
+from notifications_retry.inputs.url_policy import (
     address_problem,
     host_is_allowlisted,
     internal_reason,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.validation import InvalidNotification, check_payload, validate_notification
+from notifications_retry.inputs.validation import InvalidNotification, check_payload, validate_notification
 
 LIMITS = {"max_payload_bytes": 256 * 1024, "max_payload_depth": 32}
 GOOD: dict[str, Any] = {

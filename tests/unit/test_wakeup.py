@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from notifications_retry.clock import ManualClock
 from notifications_retry.engine.wakeup import (
     POLL_SECONDS,
     RECONNECT_FIRST_SECONDS,
@@ -19,6 +18,7 @@ from notifications_retry.engine.wakeup import (
     reopens_at,
 )
 from notifications_retry.observability.heartbeat_file import BEAT_SECONDS
+from notifications_retry.runtime.clock import ManualClock
 
 
 @dataclasses.dataclass

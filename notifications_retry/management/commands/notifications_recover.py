@@ -16,10 +16,10 @@ from typing import Any, TextIO, cast
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from notifications_retry.delivery import recovery
+from notifications_retry.delivery.recovery_filter import RecoveryInputError, recovery_filter
 from notifications_retry.management import option_types
 from notifications_retry.management.progress import ProgressBar
 from notifications_retry.models import RecoveryJob
-from notifications_retry.recovery_filter import RecoveryInputError, recovery_filter
 
 FILTER_OPTIONS = ("channel", "since", "until")
 

@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from notifications_retry.conf import get_settings, heartbeat_max_age
+from notifications_retry.database.locks import LockNotDirect
 from notifications_retry.delivery.session import bound_connections
-from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
 from notifications_retry.observability.liveness import check_process_liveness

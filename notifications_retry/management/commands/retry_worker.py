@@ -16,15 +16,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from notifications_retry.conf import get_settings, heartbeat_max_age
+from notifications_retry.database.locks import LockNotDirect
 from notifications_retry.delivery.session import bound_connections
 from notifications_retry.engine import failures
 from notifications_retry.engine.loop_tasks import OutboxGauges, UnreadableDueTimes
 from notifications_retry.engine.worker import Worker
-from notifications_retry.heap import prepare_for_long_run
-from notifications_retry.locks import LockNotDirect
 from notifications_retry.management import option_types
 from notifications_retry.observability import metrics
 from notifications_retry.observability.liveness import check_liveness, check_process_liveness
+from notifications_retry.runtime.heap import prepare_for_long_run
 from notifications_retry.version import __version__
 
 log = structlog.get_logger("notifications_retry.command")
@@ -177,7 +177,7 @@ class Command(BaseCommand):
             self._add_tasks(worker, options)
             worker.install_signal_handlers()
             # The collector set for a long run: what is loaded by now frozen, a young generation that
-            # holds the calls in flight (notifications_retry.heap).
+            # holds the calls in flight (notifications_retry.runtime.heap).
             prepare_for_long_run()
             ticks = worker.run(once=options["once"])
         except LockNotDirect as exc:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from notifications_retry.outbox.publishers.base import Publisher, PublishError
-from notifications_retry.retry import exponential_delay, retry_after_seconds
+from notifications_retry.rules.backoff import exponential_delay, retry_after_seconds
 
 #: Headers of every request: consumers partition by the key and drop duplicates by the event id.
 KEY_HEADER = "X-Event-Key"

@@ -16,7 +16,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.outbox.publishers.base import (
     Publisher,
     PublishError,
@@ -24,6 +23,7 @@ from notifications_retry.outbox.publishers.base import (
     event_body,
     refuse_bad_options,
 )
+from notifications_retry.runtime.asyncio_bridge import LoopThread
 
 DEFAULTS: dict[str, Any] = {
     "servers": ["nats://127.0.0.1:4222"],

@@ -19,7 +19,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from notifications_retry.asyncio_bridge import LoopThread
 from notifications_retry.outbox.publishers.base import (
     Publisher,
     PublishError,
@@ -27,6 +26,7 @@ from notifications_retry.outbox.publishers.base import (
     event_body,
     refuse_bad_options,
 )
+from notifications_retry.runtime.asyncio_bridge import LoopThread
 
 DEFAULTS: dict[str, Any] = {
     "url": "amqp://guest:guest@127.0.0.1:5672/%2F",

@@ -36,7 +36,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from urllib.parse import urlsplit
 
-from .conf import get_settings
+from notifications_retry.conf import get_settings
 
 __all__ = [
     "ANY_PUBLIC",

@@ -18,8 +18,8 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from .event_ids import outbox_event_id
-from .models import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
+from notifications_retry.models import CONTRACT_VERSION, DISPATCHED_TOPIC, Outbox
+from notifications_retry.rules.event_ids import outbox_event_id
 
 SENT = "Sent"
 FAILED = "Failed"

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from notifications_retry.tcp_settings import TCP_SETTINGS
+from notifications_retry.database.tcp_settings import TCP_SETTINGS
 
 logger = logging.getLogger(__name__)
 

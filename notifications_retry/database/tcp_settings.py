@@ -1,7 +1,7 @@
 """libpq's TCP settings for the worker's own connections: its Django connections and the lock's.
 
 Its own module so that :mod:`notifications_retry.delivery.session` (which gives them to Django's
-connections) and :mod:`notifications_retry.locks` (which opens the lock's connection) share one
+connections) and :mod:`notifications_retry.database.locks` (which opens the lock's connection) share one
 table without either importing the other.
 """
 

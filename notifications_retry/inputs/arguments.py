@@ -1,7 +1,7 @@
 """The public API's arguments besides the stored text and payload: checked by type before any query.
 
 Each check returns the value in the form the API uses, or raises
-:class:`~notifications_retry.validation.InvalidNotification` naming the argument. A value of the wrong
+:class:`~notifications_retry.inputs.validation.InvalidNotification` naming the argument. A value of the wrong
 type raises :class:`InvalidArgumentType`, which is also a ``TypeError`` (callers that caught the
 ``TypeError`` of ``tenant_id=5`` still do). Without these checks a string ``send_at`` failed deep in
 Django (``'str' object has no attribute 'utcoffset'``), ``send_at=None`` stored a fresh notification
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from .validation import InvalidArgumentType, InvalidNotification
+from notifications_retry.inputs.validation import InvalidArgumentType, InvalidNotification
 
 __all__ = [
     "InvalidArgumentType",

@@ -21,7 +21,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 
-from . import bounds
+from notifications_retry.conf import bounds
 
 __all__ = [
     "InvalidArgumentType",
@@ -199,7 +199,7 @@ def reject_unstorable_text(value: object) -> None:
 
 def reject_invalid_payload(value: object) -> None:
     """Field validator: the payload rules of the API, with the current ``MAX_PAYLOAD_*`` settings."""
-    from .conf import get_settings
+    from notifications_retry.conf import get_settings
 
     conf = get_settings()
     try:
@@ -215,5 +215,5 @@ def reject_non_finite(value: object) -> None:
 
 
 def range_validators(bound: bounds.Bound) -> list[Any]:
-    """Field validators for a closed range of :mod:`notifications_retry.bounds`."""
+    """Field validators for a closed range of :mod:`notifications_retry.conf.bounds`."""
     return [MinValueValidator(bound.low), MaxValueValidator(bound.high), reject_non_finite]

@@ -1,5 +1,9 @@
 """Typed, lazily read ``NOTIFICATIONS_RETRY`` settings with documented defaults.
 
+Beside them: :mod:`.bounds` (the documented range of every numeric setting and channel field),
+:mod:`.lanes` (which channels and priorities a worker serves) and :mod:`.channel_settings` (the part
+of a channel's configuration a provider receives).
+
 Nothing here is read at import time: every access goes through :func:`get_settings`, so
 ``override_settings(NOTIFICATIONS_RETRY=...)`` reaches every value.
 """
@@ -14,8 +18,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
-from notifications_retry import bounds
-from notifications_retry.lanes import share_problems
+from notifications_retry.conf import bounds
+from notifications_retry.conf.lanes import share_problems
 
 SETTINGS_NAME = "NOTIFICATIONS_RETRY"
 #: The largest RETRY_AFTER_MAX_SECONDS accepted: 30 days (a next attempt further out is a dead letter's job).
@@ -86,7 +90,7 @@ REMOVED_KEYS: dict[str, str] = {
         value="60 s", where="engine.feedback.THROTTLE_DEFAULT_SECONDS"
     ),
     "LOCK_IDLE_SESSION_TIMEOUT_SECONDS": _CONSTANT.format(
-        value="90 s", where="locks.LOCK_IDLE_SESSION_TIMEOUT_SECONDS"
+        value="90 s", where="database.locks.LOCK_IDLE_SESSION_TIMEOUT_SECONDS"
     ),
     "TRANSACTION_TIMEOUT_SECONDS": _CONSTANT.format(
         value="30 s", where="delivery.session.TRANSACTION_TIMEOUT_SECONDS"

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from notifications_retry import bounds
-from notifications_retry.evidence import Evidence
+from notifications_retry.conf import bounds
 from notifications_retry.exceptions import ProviderError
-from notifications_retry.retry import BackoffPolicy, next_attempt_at
+from notifications_retry.rules.backoff import BackoffPolicy, next_attempt_at
+from notifications_retry.rules.evidence import Evidence
 
 SENT = "sent"
 RETRY = "retry"
@@ -138,7 +138,7 @@ class Outcome:
     trigger: str | None = None
     #: A failed probe of its channel's circuit breaker (the one call let through per cool-down): how long
     #: the circuit had been open, with no success since, when the probe ended (seconds; None: not a
-    #: failed probe). Endpoint health then judges on fewer calls (health_rules.Thresholds.needed).
+    #: failed probe). Endpoint health then judges on fewer calls (endpoint_health.Thresholds.needed).
     circuit_open_for: float | None = None
 
     @property

@@ -10,8 +10,8 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from .exceptions import NotificationsRetryError
-from .models import ChannelConfig, RecoveryJob
+from notifications_retry.exceptions import NotificationsRetryError
+from notifications_retry.models import ChannelConfig, RecoveryJob
 
 ISO_EXAMPLE = "2026-03-01T02:00:00+00:00"
 
