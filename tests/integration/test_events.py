@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+import notifications_retry
 from notifications_retry import api
 from notifications_retry.delivery import events, finalize, triage
 from notifications_retry.engine.worker import Worker
@@ -57,7 +58,7 @@ def assert_one_event_per_outcome():
 
 
 def test_schema_file_ships_in_the_package_and_is_a_valid_schema():
-    path = Path(events.__file__).parent / events.SCHEMA_RESOURCE
+    path = Path(notifications_retry.__file__).parent / events.SCHEMA_RESOURCE
     assert json.loads(path.read_text()) == events.schema()
     jsonschema.Draft202012Validator.check_schema(events.schema())
     assert events.schema()["title"] == "pin.notifications.dispatched.v1"
