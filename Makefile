@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: modules-bench demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery bench-prune clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
+.PHONY: modules-bench engine-cpu-bench demo demo-admin demo-stop test lint type bench bench-check bench-scale bench-machine bench-relay bench-suppression bench-signing bench-evidence-wal crash-bench schema-costs faults soak recovery-soak bench-recovery bench-prune clean package release-check tox lateness-bench wakeup-bench threads-bench fairness-bench call-timeline health-bench
 
 # The demo's: the venv's own pip as the interpreter brings it (recent enough for an editable install), and
 # no byte-compiling of every dependency's modules (the demo compiles those it imports, on first use).
@@ -181,6 +181,14 @@ health-bench: $(VENV)/.installed
 modules-bench: $(VENV)/.installed
 	bash scripts/ensure-postgres
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.modules_run $(BENCH_ARGS)
+
+# The engine's CPU a row (a provider that waits 20 ms on the send loop, no HTTP) at max_concurrency 128,
+# this tree against an older commit (AGAINST_REV, a git worktree) in alternating drains of one run;
+# BENCH_ARGS=--webhook adds the webhook drain and the bare aiohttp client's CPU a request.
+AGAINST_REV ?= dd66c22
+engine-cpu-bench: $(VENV)/.installed
+	bash scripts/ensure-postgres
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m bench.against --rev $(AGAINST_REV) --concurrency 128 --rounds 3 $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
