@@ -12,7 +12,6 @@
 - :mod:`.handoff` records the outcome of the monolith's own first send;
 - :mod:`.cancel` and :mod:`.triage` are the operators' and the monolith's state changes, and
   :mod:`.recovery` runs a recovery job's requeues in chunks;
-- :mod:`.outbox` marks events published (the relay) and prunes old published ones (housekeeping);
 - :mod:`.retention` deletes old Sent rows in batches, when ``SENT_RETENTION_DAYS`` is set (housekeeping);
 - :mod:`.unreadable_times` sets aside, as dead letters, waiting rows whose times Python cannot read
   (written past the API), and clears those times;
@@ -28,7 +27,8 @@
 - :mod:`.wakeup` is what a waiting worker asks: LISTEN, and when its next row falls due (it writes no
   rows);
 - :mod:`.events` builds the outbox events' payloads (``dispatched``, ``delivery-status``) the writers
-  store, and :mod:`.recovery_filter` reads a recovery job's filter from an operator's words.
+  store, marks events published (the relay) and prunes old published ones (housekeeping);
+- :mod:`.recovery_filter` reads a recovery job's filter from an operator's words.
 
 The provider is always called with no transaction open: claim short, call, finalize short.
 """

@@ -1,6 +1,9 @@
 """The app's events: ``pin.notifications.dispatched.v1`` and ``pin.notifications.delivery-status.v1``.
 
-Their payloads are built here and nowhere else.
+Their payloads are built here and nowhere else; so are the outbox rows' writes after their insert
+(:func:`mark_published` for the relay, :func:`prune_published_outbox` for housekeeping). Events are
+inserted with their outcome (:mod:`.finalize`); unpublished events are never touched after that (the
+outbox trigger refuses it too).
 
 Two shapes, both here: the ``payload`` stored in an outbox row (built once, at the outcome), and the
 ``envelope`` the relay publishes (event id, topic, key, contract version, generation, payload). The
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -145,3 +149,34 @@ def health_schema() -> dict[str, Any]:
 def delivery_status_schema() -> dict[str, Any]:
     """The JSON Schema of a published ``pin.notifications.delivery-status.v1`` event."""
     return schema(DELIVERY_STATUS_SCHEMA_RESOURCE)
+
+
+#: Rows deleted per statement: keeps each transaction short on a large outbox.
+DELETE_CHUNK = 5000
+
+
+def mark_published(ids: Sequence[int], now: datetime) -> int:
+    """Mark the events ``ids`` published at ``now`` (those not marked already); returns how many."""
+    return Outbox.objects.filter(pk__in=ids, published_at__isnull=True).update(published_at=now)
+
+
+def prune_published_outbox(*, older_than: datetime, chunk: int = DELETE_CHUNK) -> int:
+    """Delete published events published before ``older_than``; unpublished ones are never touched."""
+    return sum(prune_published_outbox_batches(older_than=older_than, chunk=chunk))
+
+
+def prune_published_outbox_batches(*, older_than: datetime, chunk: int = DELETE_CHUNK) -> Iterator[int]:
+    """:func:`prune_published_outbox` one short transaction at a time: yields each one's deletions."""
+    while True:
+        ids = list(
+            Outbox.objects.filter(published_at__isnull=False, published_at__lt=older_than)
+            .order_by("id")
+            .values_list("id", flat=True)[:chunk]
+        )
+        if not ids:
+            return
+        # The published_at filter again: the trigger refuses unpublished rows, never rely on that alone.
+        deleted, _ = Outbox.objects.filter(pk__in=ids, published_at__isnull=False).delete()
+        yield deleted
+        if len(ids) < chunk:
+            return

@@ -36,7 +36,7 @@ from django.db import DatabaseError, transaction
 from notifications_retry.conf import get_settings
 from notifications_retry.database.locks import AdvisoryLock, dedicated_connection, direct_session_pid
 from notifications_retry.delivery import events
-from notifications_retry.delivery.outbox import mark_published
+from notifications_retry.delivery.events import mark_published
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.models import Outbox
 from notifications_retry.observability import metrics
