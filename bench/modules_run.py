@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--list", action="store_true", help="print every module that ran")
+    parser.add_argument("--server", choices=["url"], default="url", help="the server of DATABASE_URL")
     args = parser.parse_args(argv)
     os.environ.setdefault("NR_BENCH_DATABASE_NAME", "nr_modules_bench")
     recreate_database()

@@ -20,7 +20,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,8 +58,8 @@ def _claim_ms(cid: int, repeat: int, lookup: Callable[..., Any], spent: list[flo
 
     from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim, claim_due
 
-    original = claim.suppressed_in_batch
-    claim.suppressed_in_batch = lookup  # type: ignore[attr-defined]
+    original = claim.suppressed_steps
+    claim.suppressed_steps = lookup  # type: ignore[attr-defined]
     times: list[float] = []
     settled = 0
     try:
@@ -79,24 +79,27 @@ def _claim_ms(cid: int, repeat: int, lookup: Callable[..., Any], spent: list[flo
             settled = len(batch.settled)
             assert len(batch.records) + settled == CLAIM_ROWS, len(batch.records)
     finally:
-        claim.suppressed_in_batch = original  # type: ignore[attr-defined]
+        claim.suppressed_steps = original  # type: ignore[attr-defined]
     return statistics.median(times), settled
 
 
 def _timed(spent: list[float]) -> Callable[..., Any]:
-    from notifications_retry.delivery.suppression import suppressed_in_batch
+    from notifications_retry.delivery.suppression import suppressed_steps
 
-    def lookup(*args: Any, **kwargs: Any) -> Any:
+    def lookup(*args: Any, **kwargs: Any) -> Generator[Any, Any, dict[Any, str]]:
+        # The lookup's statements run while it is suspended at its yield: timed from its first step
+        # to its result, that includes the statement.
         started = time.perf_counter()
         try:
-            return suppressed_in_batch(*args, **kwargs)
+            return (yield from suppressed_steps(*args, **kwargs))
         finally:
             spent.append((time.perf_counter() - started) * 1000)
 
     return lookup
 
 
-def _none(*args: Any, **kwargs: Any) -> dict[Any, str]:
+def _none(*args: Any, **kwargs: Any) -> Generator[Any, Any, dict[Any, str]]:
+    yield from ()
     return {}
 
 
@@ -123,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hits", type=int, default=5, help="suppressed recipients among a batch's rows")
     parser.add_argument("--repeat", type=int, default=30, help="claims per measurement")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--server", choices=["url"], default="url", help="the server of DATABASE_URL")
     args = parser.parse_args(argv)
+    if args.rows < CLAIM_ROWS * 20:
+        parser.error(
+            f"--rows must be at least {CLAIM_ROWS * 20}: 1 in 20 is due and a claim takes {CLAIM_ROWS}"
+        )
     recreate_database()
     cid = channel("email", "stub")
     add_rows([cid], args.rows, due_every=20)

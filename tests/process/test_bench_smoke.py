@@ -302,3 +302,27 @@ def test_prune_bench_prints_the_claim_alone_and_beside_the_prune_and_the_prune_s
     prunes = table_rows(out, ["beside the claims ", "alone ", "a pass, nothing to delete "])
     assert prunes["beside the claims "][1] == "3,000" and prunes["a pass, nothing to delete "][1] == "0", out
     assert "10 unpublished among 3,000 published" in out, out
+
+
+def test_suppression_bench_compares_the_claim_with_and_without_the_lookup(bench_database):
+    out = run_bench(
+        "bench.suppression",
+        bench_database,
+        "--rows",
+        "10000",
+        "--suppressed",
+        "1000",
+        "--repeat",
+        "2",
+        "--rounds",
+        "1",
+    )
+    assert "claim" in out and "with the check" in out and "without" in out, out
+    assert "ratio with/without" in out and "the lookup's plan" in out, out  # a small list is read whole
+
+
+def test_modules_bench_counts_the_modules_a_one_record_tick_runs(bench_database):
+    out = run_bench("bench.modules_run", bench_database)
+    counts = [int(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "package modules that ran" in line]
+    assert len(counts) == 2 and counts[1] < counts[0], out  # the relay's modules run only with the relay
+    assert "by folder: engine" in out, out
