@@ -8,7 +8,8 @@ waits 20 ms on the send loop) and, with ``--webhook``, the webhook drain against
 (``bench.receiver.http_drain``) beside the bare aiohttp client's CPU a request against that receiver. Both
 trees drain the same rows at the same ``max_concurrency`` on the same server of ``DATABASE_URL``, each in a
 database of its own (``nr_bench_against_current``, ``nr_bench_against_old``; their migrations differ),
-with the log pipeline ``retry_worker`` processes are advised to use (``bench.settings``, ``native``).
+with the log pipeline ``retry_worker`` processes are advised to use (``bench.settings``, ``native``), after a
+warm-up drain in the same process (a running worker's rows, not a fresh process's imports).
 Prints the CPU a row of each tree in each round, the medians and their ratio (this tree ÷ ``REV``).
 """
 
@@ -37,8 +38,12 @@ if part == "setup":
 setup_django()
 from bench.settings import configure_logging
 configure_logging("native")
+# A warm-up drain first: the measured one then costs what a running worker's rows cost, not the
+# imports and first calls of a fresh process.
+warm = min(rows, 10 * conc)
 if part == "engine":
     from bench.engine_alone import sleep_drain
+    sleep_drain(warm, max_concurrency=conc)
     result = sleep_drain(rows, max_concurrency=conc)
     print(json.dumps({"cpu_us_per_row": result["cpu_us_per_row"], "rows_per_s": result["rows_per_s"]}))
 else:
@@ -47,6 +52,7 @@ else:
         def __init__(self, url):
             self.url = url
             self.port = int(url.split(":")[2].split("/")[0])
+    http_drain(_Fixed(url), warm, max_concurrency=conc, rate=None)
     result = http_drain(_Fixed(url), rows, max_concurrency=conc, rate=None)
     print(json.dumps({"cpu_us_per_row": 1000 * result["cpu_ms_per_row"], "rows_per_s": result["rows_per_s"]}))
 """
