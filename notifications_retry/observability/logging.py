@@ -323,6 +323,27 @@ def mask_value(value: Any, key: Any = None, _depth: int = 0) -> Any:
     return mask_text(repr(value))
 
 
+#: How each plain text key's text is masked: ``True`` opaque words masked (most keys), ``False`` kept (an
+#: identifier's key), ``None`` masked by the key's meaning (a recipient, a secret, a body) in mask_value.
+#: One dictionary lookup a key instead of two cached calls; bounded like those caches.
+_KEY_RULES: dict[str, bool | None] = {}
+_KEY_RULES_MAX = 1024
+#: The last text each key held that masking left as it was. A log line per record repeats many of
+#: them as the very same objects (the bound run id and lane, the event's name, the outcome, a channel's
+#: key): masking depends only on the text and its key, so such a value is passed without a look.
+_UNCHANGED: dict[str, str] = {}
+
+
+def _key_rule(key: str) -> bool | None:
+    try:
+        return _KEY_RULES[key]
+    except KeyError:
+        rule = None if _kind_of_name(key) is not None else not _is_identifier_name(key)
+        if len(_KEY_RULES) < _KEY_RULES_MAX:
+            _KEY_RULES[key] = rule
+        return rule
+
+
 def mask_event_dict(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
     """structlog processor: mask recipients, secrets and bodies anywhere in the event, tracebacks included.
 
@@ -333,17 +354,27 @@ def mask_event_dict(logger: WrappedLogger, method_name: str, event_dict: EventDi
     if "exc_info" in event_dict:
         # Render the traceback here, so an exception message holding an address is masked too.
         event_dict = format_exc_info(logger, method_name, event_dict)
+    unchanged = _UNCHANGED
     for key, value in list(event_dict.items()):
         if value is None or key in _UNTOUCHED_KEYS:
             continue  # None stays None under any key: nothing to mask
         cls = type(value)
-        plain_key = type(key) is str and _kind_of_name(key) is None
-        if cls is str and plain_key:
+        if type(key) is not str:
+            event_dict[key] = mask_value(value, key)
+            continue
+        opaque = _key_rule(key)
+        if opaque is None:
+            event_dict[key] = mask_value(value, key)
+        elif cls is str:
+            if unchanged.get(key) is value:
+                continue
             # The event and a rendered traceback ("exception", "stack") are free text under this rule too.
-            masked = mask_text(value, opaque=not _is_identifier_name(key))
+            masked = mask_text(value, opaque=opaque)
             if masked is not value:
                 event_dict[key] = masked
-        elif not (plain_key and cls in _SAFE_TYPES):
+            elif len(unchanged) < _KEY_RULES_MAX or key in unchanged:
+                unchanged[key] = value
+        elif cls not in _SAFE_TYPES:
             event_dict[key] = mask_value(value, key)
     return event_dict
 

@@ -205,3 +205,14 @@ def test_an_event_is_masked_as_each_value_under_its_key_would_be(event: dict[obj
     """The per-event fast path gives what mask_value (and mask_text for free text) give value by value."""
     expected = _masked_one_value_at_a_time(dict(event))
     assert nr_logging.mask_event_dict(None, "info", dict(event)) == expected
+
+
+def test_a_text_repeated_as_the_same_object_is_masked_every_time_it_needs_it() -> None:
+    """mask_event_dict passes a value it has just left unchanged under the same key without a look;
+    a value that needs masking is masked each time, however often it comes back."""
+    plain, address = "order shipped", "reach ana@example.com now"
+    for _ in range(3):
+        assert nr_logging.mask_event_dict(None, "info", {"note": plain})["note"] == plain
+        masked = nr_logging.mask_event_dict(None, "info", {"note": address})["note"]
+        assert "ana@example.com" not in masked
+        assert nr_logging.mask_event_dict(None, "info", {"recipient": plain})["recipient"] != plain
