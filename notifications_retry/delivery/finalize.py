@@ -182,18 +182,44 @@ def outcome_steps(
     at = now.isoformat()
     sent_status, failed_status = NotificationEntity.Status.SENT.value, NotificationEntity.Status.FAILED.value
     rows: list[dict[str, Any]] = []
+    # A claim's records share its token: its text is made once a claim, not once a row.
+    token: Any = None
+    token_text: str | None = None
     for o in outcomes:
+        record = o.record
         error = (o.error or "")[:MAX_ERROR_CHARS]
-        sent = o.result == SENT
-        terminal = o.result == TERMINAL
-        next_at = o.next_attempt_at if o.result == RETRY else None
+        result = o.result
+        sent = result == SENT
+        terminal = result == TERMINAL
+        next_at = o.next_attempt_at if result == RETRY else None
+        if record.claim_token is not token:
+            token = record.claim_token
+            token_text = str(token) if token else None
+        log_entry: dict[str, Any] = {"attempt": record.attempts, "at": at, "outcome": result}
+        # Attempt numbers restart after a requeue: the generation tells the runs apart. The first
+        # run's (0) is left out, as every key below at its default: a reader takes a missing
+        # generation for 0 (docs/events.md).
+        if record.requeue_count:
+            log_entry["generation"] = record.requeue_count
+        log_entry["duration_ms"] = round(o.duration_ms, 1)
+        # Only when there is one: the entry is in every row version the WAL carries.
+        if o.error_kind:
+            log_entry["error_kind"] = o.error_kind
+        if error:
+            log_entry["error"] = error[:300]
+        # A failover: the fallback channel whose provider delivered this attempt.
+        if o.delivered_by:
+            log_entry["delivered_by"] = o.delivered_by
+        # A provider call's answer (its evidence); an outcome decided without a call has none.
+        if o.evidence is not None:
+            log_entry.update(o.evidence.log_fields())
         rows.append(
             {
-                "id": o.record.id_text,
-                "token": str(o.record.claim_token) if o.record.claim_token else None,
+                "id": record.id_text,
+                "token": token_text,
                 "status": sent_status if sent else failed_status,
                 # The claimed count: unchanged for a leased record, this attempt for one settled in its claim.
-                "attempts": o.record.attempts,
+                "attempts": record.attempts,
                 "next_attempt_at": next_at.isoformat() if next_at else None,
                 "provider_message_id": o.provider_message_id,
                 "last_error": error,
@@ -201,23 +227,7 @@ def outcome_steps(
                 "dead_lettered_at": at if terminal else None,
                 "dead_letter_reason": f"{o.error_kind}: {error}" if terminal else "",
                 "trigger": o.trigger,
-                "log_entry": {
-                    "attempt": o.record.attempts,
-                    "at": at,
-                    "outcome": o.result,
-                    # Attempt numbers restart after a requeue: the generation tells the runs apart.
-                    # The first run's (0) is left out, as every key below at its default: a reader
-                    # takes a missing generation for 0 (docs/events.md).
-                    **({"generation": o.record.requeue_count} if o.record.requeue_count else {}),
-                    "duration_ms": round(o.duration_ms, 1),
-                    # Only when there is one: the entry is in every row version the WAL carries.
-                    **({"error_kind": o.error_kind} if o.error_kind else {}),
-                    **({"error": error[:300]} if error else {}),
-                    # A failover: the fallback channel whose provider delivered this attempt.
-                    **({"delivered_by": o.delivered_by} if o.delivered_by else {}),
-                    # A provider call's answer (its evidence); an outcome decided without a call has none.
-                    **(o.evidence.log_fields() if o.evidence is not None else {}),
-                },
+                "log_entry": log_entry,
             }
         )
     written = yield Statement(_FINALIZE, {"rows": json_document(rows), "now": now, "guarded": guarded})

@@ -156,6 +156,16 @@ class Executor:
         a synchronous provider's thread is left to finish on its own.
         """
         started = self.monotonic()
+        if not self.tracing:  # no span to open or close (a context manager each, twice a call)
+            try:
+                message = self.message(rt, record, started)
+                if isinstance(message, Outcome):
+                    return message
+                return await self._call(rt, record, message, started)
+            except BaseException as exc:
+                if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                    raise
+                return self.raised(rt, record, exc, started)
         with self._record_span(rt, record) as span:
             try:
                 message = self.message(rt, record, started)
@@ -171,10 +181,14 @@ class Executor:
         self, rt: ChannelRuntime, record: ClaimedRecord, message: OutgoingMessage, started: float
     ) -> Outcome:
         provider = rt.provider
+        is_async = provider.supports_async
         # A provider that bounds its own calls by the channel's timeout needs no timer of ours.
-        if provider.supports_async and provider.enforces_timeout:
+        if is_async and provider.enforces_timeout:
             try:
-                with self._provider_span(rt, record):
+                if self.tracing:
+                    with self._provider_span(rt, record):
+                        result = await provider.send_async(message)
+                else:
                     result = await provider.send_async(message)
             except Exception as exc:
                 return self.raised(rt, record, exc, started)
@@ -184,7 +198,10 @@ class Executor:
             with self._provider_span(rt, record):
                 # An answer that came back while the process was paused counts (not a timeout).
                 async with deadline(abandoned_after(rt.config.timeout_seconds)) as watchdog:
-                    result = await self._await(provider, message)
+                    if is_async:
+                        result = await provider.send_async(message)
+                    else:
+                        result = await self._await(provider, message)
         except Exception as exc:
             if watchdog is not None and watchdog.expired():
                 timeout = f"provider did not return within {rt.config.timeout_seconds:g}s"

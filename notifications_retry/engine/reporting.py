@@ -121,6 +121,22 @@ class OutcomeReporter:
         """Log and alert one committed outcome (of ``channel``, its key) into the tick's stats."""
         record = outcome.record
         stats, bound = self.stats, self.bound
+        if outcome.result == SENT and not outcome.delivered_by:
+            # The common line, its fields written out (no context dictionary to build and unpack).
+            if stats is not None:
+                stats.processed += 1
+                stats.sent += 1
+            bound.info(
+                "item-sent",
+                outcome="sent",
+                notification_id=record.id_text,
+                channel=channel,
+                tenant_id=record.tenant_text,
+                attempt=record.attempts,
+                duration_ms=round(outcome.duration_ms, 1),
+                correlation_id=record.correlation_id or None,
+            )
+            return
         context = dict(
             notification_id=record.id_text,
             channel=channel,
