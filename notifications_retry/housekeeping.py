@@ -21,8 +21,8 @@ import structlog
 from django.utils import timezone
 
 from notifications_retry.database.locks import AdvisoryLock
-from notifications_retry.delivery.health import prune_buckets
 from notifications_retry.delivery.events import prune_published_outbox, prune_published_outbox_batches
+from notifications_retry.delivery.health import prune_buckets
 from notifications_retry.delivery.retention import prune_sent_batches
 from notifications_retry.delivery.suppression import prune_expired
 from notifications_retry.delivery.triage import expire_dead_letters
