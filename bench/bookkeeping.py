@@ -23,7 +23,7 @@ def _drain(cid: int, rows: int, batch_size: int, window: float) -> float:
     """Rows/s of ticks of ``batch_size`` rows until ``rows`` due rows are sent, with ``window``."""
     from django.db import connection
 
-    import notifications_retry.engine.bookkeeping as bookkeeping_module
+    import notifications_retry.engine.reporting as bookkeeping_module
     import notifications_retry.engine.worker as worker_module
 
     reset_rows()
@@ -50,7 +50,7 @@ def _measure(args: argparse.Namespace) -> int:
     )
     recreate_database()
     setup_django()
-    import notifications_retry.engine.bookkeeping as bookkeeping_module
+    import notifications_retry.engine.reporting as bookkeeping_module
     from bench.settings import configure_logging
 
     configure_logging("native")

@@ -4,8 +4,6 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 
 - ``.worker``: the loop of ticks under the cycle's advisory lock, the wait between ticks, a graceful
   stop and the heartbeat file.
-- ``.bookkeeping``: after a tick, the lane's heartbeat row, the backlog's gauges and sample (at most
-  every 10 s), and ``cycle-completed``.
 - ``.loop_tasks``: what the loop runs besides ticks (the outbox relay, housekeeping, the outbox gauges,
   which the command hands it), after each tick and in slices of the wait; a failed task backs off.
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
@@ -16,29 +14,29 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel;
   what a finished call hands back (``Finished``, ``Returned``).
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
-- ``.loop_completer``: the completer's commits as a task of the send loop, on its connection, in turn
-  with the claims; a batch that needs Django's ORM is committed on Django's connection.
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
 - ``.give_back``: claimed records given back unsent (a stop, a lost lock, an open circuit, a
   throttle's pause), their attempt with them.
 - ``.feedback``: what an outcome tells its channel's flow control (a throttle pauses it, failures
   open its circuit).
-- ``.channel_set``: the lane's channels as the worker loads them before each tick, their runtimes kept
-  across ticks; the channels that cannot send reported.
-- ``.channels``: each channel's provider and flow-control state as the worker keeps them across ticks,
-  and how many rows a channel claims and when a send may start.
+- ``.channels``: the lane's channels as the worker loads them before each tick (``ChannelSet``: the
+  channels that cannot send reported), and each channel's provider and flow-control state kept across
+  ticks: how many rows a channel claims and when a send may start.
+- ``.completer``: the rule for when outcomes are committed (size or delay), their commit kept
+  through a database outage, and its task on the send loop (``LoopCompleter``, on the loop's
+  connection, in turn with the claims; a batch that needs Django's ORM goes through Django's).
 - ``.tenant_limits``: per-tenant rate limits within a channel (``TENANT_RATE_LIMITS``): each tenant's
   cap on a claim, and the slot each of its records waits for.
-- ``.completer``: the rule for when outcomes are committed (size or delay) and their commit, kept
-  through a database outage.
 - ``.failures``: what a tick that failed on the database reports, and the pause before the next one.
-- ``.flow_control``: the rate limiter (a token bucket) and the circuit breaker.
-- ``.in_flight``: the worker's own cap on calls in flight across its channels.
+- ``.flow_control``: the rate limiter (a token bucket), the circuit breaker, the spacing of starts and
+  the worker's own cap on calls in flight across its channels (``InFlightCap``).
 - ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for its claims and
   commits, one transaction at a time.
-- ``.ownership``: whether a send may start: the cycle's lock seen held lately.
 - ``.partitions``: the lock a lane's worker ticks under; with ``PARTITIONS`` > 1, a lane's rows shared by
-  identical workers: a lock per partition, a fair share each.
+  identical workers: a lock per partition, a fair share each; whether a send may start
+  (``Ownership``: the cycle's lock seen held lately).
 - ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.
-- ``.reporting``: a tick's stats, and the metrics, log events and signal of each committed outcome.
+- ``.reporting``: a tick's stats, the metrics, log events and signal of each committed outcome, and
+  after a tick its bookkeeping (``Bookkeeping``: the lane's heartbeat row, the backlog's gauges and
+  sample at most every 10 s, and ``cycle-completed``).
 """

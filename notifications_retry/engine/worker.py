@@ -33,10 +33,9 @@ from notifications_retry.conf.lanes import DEFAULT_LANE, lane_channels
 from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
-from notifications_retry.engine.bookkeeping import Bookkeeping
-from notifications_retry.engine.channel_set import ChannelSet
+from notifications_retry.engine.channels import ChannelSet
 from notifications_retry.engine.claiming import ClaimConnection
-from notifications_retry.engine.completer import Commits, Completer, commit_in_hand
+from notifications_retry.engine.completer import Commits, Completer, LoopCompleter, commit_in_hand
 from notifications_retry.engine.dispatcher import Dispatcher, chunk_size
 from notifications_retry.engine.executor import (
     ABANDON_GRACE_SECONDS,
@@ -44,11 +43,10 @@ from notifications_retry.engine.executor import (
     abandoned_after,
     calls_bound_seconds,
 )
-from notifications_retry.engine.in_flight import InFlightCap
-from notifications_retry.engine.loop_completer import LoopCompleter
+from notifications_retry.engine.flow_control import InFlightCap
 from notifications_retry.engine.loop_tasks import LoopTasks
 from notifications_retry.engine.partitions import PartitionLock, lane_lock
-from notifications_retry.engine.reporting import OutcomeReporter, TickStats
+from notifications_retry.engine.reporting import Bookkeeping, OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, reopens_at, wake_after
 from notifications_retry.observability import metrics, tracing
 from notifications_retry.observability.heartbeat_file import HeartbeatFile

@@ -16,8 +16,7 @@ from structlog.testing import capture_logs
 
 from notifications_retry.delivery import FinalizeReport
 from notifications_retry.engine import dispatcher
-from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.loop_completer import LoopCompleter
+from notifications_retry.engine.completer import Completer, LoopCompleter
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import (
     CHANNEL_HEALTH_TOPIC,

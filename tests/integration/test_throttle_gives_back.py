@@ -128,7 +128,7 @@ def test_rows_claimed_as_the_circuit_opened_are_given_back_not_left_queued(clock
     from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
     from notifications_retry.engine.channels import ChannelRuntime
     from notifications_retry.engine.dispatcher import Dispatcher
-    from notifications_retry.engine.ownership import Ownership
+    from notifications_retry.engine.partitions import Ownership
     from notifications_retry.providers.webhook import WebhookProvider
 
     channel = ChannelFactory(

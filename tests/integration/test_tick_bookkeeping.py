@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from notifications_retry.engine.bookkeeping import BOOKKEEPING_SECONDS
+from notifications_retry.engine.reporting import BOOKKEEPING_SECONDS
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import BacklogSample, WorkerHeartbeat
 from notifications_retry.observability import metrics

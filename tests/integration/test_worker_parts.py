@@ -10,8 +10,7 @@ import random
 import pytest
 
 from notifications_retry.conf import get_settings
-from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.loop_completer import LoopCompleter
+from notifications_retry.engine.completer import Completer, LoopCompleter
 from notifications_retry.engine.worker import WorkerOptions, WorkerParts, build_parts
 
 

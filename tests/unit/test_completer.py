@@ -9,7 +9,7 @@ import structlog
 
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport
 from notifications_retry.engine.completer import RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS, Completer
-from notifications_retry.engine.in_flight import InFlightCap
+from notifications_retry.engine.flow_control import InFlightCap
 from notifications_retry.rules.outcomes import SENT, Outcome
 from notifications_retry.runtime.clock import ManualClock
 from tests.support.records import claimed_record

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from notifications_retry.conf import get_settings
 from notifications_retry.engine.channels import QUEUE_ROUNDS, ChannelRuntime
-from notifications_retry.engine.in_flight import InFlightCap, fit_to_room
+from notifications_retry.engine.flow_control import InFlightCap, fit_to_room
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.in_app import InAppProvider
 from notifications_retry.providers.webhook import WebhookProvider

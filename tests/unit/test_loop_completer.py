@@ -13,8 +13,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from notifications_retry.delivery import CommitUnavailable, FinalizeReport, NeedsDjango
-from notifications_retry.engine.completer import Completer
-from notifications_retry.engine.loop_completer import LoopCompleter
+from notifications_retry.engine.completer import Completer, LoopCompleter
 from notifications_retry.rules.outcomes import Outcome
 from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 from notifications_retry.runtime.clock import ManualClock

@@ -218,7 +218,7 @@ def test_an_idle_tick_ends_at_once(rows):
 
 def test_a_full_cap_whose_commits_the_database_refuses_gives_its_queue_back_at_the_deadline():
     from notifications_retry.delivery import CommitUnavailable
-    from notifications_retry.engine.in_flight import InFlightCap
+    from notifications_retry.engine.flow_control import InFlightCap
     from notifications_retry.providers.webhook import WebhookProvider
     from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
