@@ -11,7 +11,7 @@ import pgtrigger
 # Kept in one place: the due-time rule the claim index and the trigger agree on.
 # A leased row has no due time: the lease's row version then enters none of the due indexes (the
 # lease is the one write the leased path adds), and its expiry is found on nr_lease_expiry_idx. A
-# lease that lapsed (its worker died) is given back by the next claim (delivery.lapsed_leases), which
+# lease that lapsed (its worker died) is given back by the next claim (delivery.claim_statements), which
 # clears the expiry and keeps the token: due since then, and known to the claim as recovered.
 DUE_AT_RULE = """CASE
         WHEN NEW.claim_expires_at IS NOT NULL THEN NULL

@@ -3,9 +3,8 @@
 - :mod:`.create` inserts a new Pending notification (``api.create_notification``);
 - :mod:`.claim` leases due rows for sending (and settles those that cannot be sent any more), on
   Django's connection or an asynchronous one (the worker's claims of asynchronous channels), with
-  its statements and plan in :mod:`.claim_statements` and the size and shape limits every claimed
-  row is held to in :mod:`.row_limits`; first it gives back the leases that lapsed
-  (:mod:`.lapsed_leases`: their worker died);
+  its statements and plan in :mod:`.claim_statements`, with the size and shape limits every claimed
+  row is held to and the give-back of the leases that lapsed first (their worker died);
 - :mod:`.finalize` applies outcomes and their outbox events under the claim token, on Django's
   connection or an asynchronous one (the worker's commits on its send loop), and gives back leases
   that were never used;
@@ -21,9 +20,9 @@
 - :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
 - :mod:`.health` counts each batch's provider calls into a channel's health window and applies its
   automatic changes (and the operator's re-enable), with their outbox events;
-- :mod:`.statements` runs a transaction's statements, written once as data, on Django's cursor or
-  an asynchronous psycopg one;
-- :mod:`.session` bounds the transactions and keeps the connections alive (it writes no rows);
+- :mod:`.session` runs a transaction's statements, written once as data, on Django's cursor or an
+  asynchronous psycopg one, bounds the transactions and keeps the connections alive (it writes no
+  rows);
 - :mod:`.wakeup` is what a waiting worker asks: LISTEN, and when its next row falls due (it writes no
   rows);
 - :mod:`.events` builds the outbox events' payloads (``dispatched``, ``delivery-status``) the writers

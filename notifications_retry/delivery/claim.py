@@ -13,7 +13,7 @@ A claim reads at most about :data:`CLAIM_PAYLOAD_BYTES` of payloads, whatever it
 past that stay due (their payloads are not even read) and are claimed next, so memory follows this
 budget, not ``CLAIM_CHUNK_SIZE`` times ``MAX_PAYLOAD_BYTES``.
 
-The claim's statements are written once, as data (:mod:`.statements`): :func:`claim_due` runs them on
+The claim's statements are written once, as data (:mod:`.session`): :func:`claim_due` runs them on
 Django's connection, :func:`claim_due_async` on an asynchronous psycopg connection (the worker's claims
 of asynchronous channels, awaited while the calls in flight go on). What goes wrong there is redone
 through :func:`claim_due`, whose fallbacks (a poison row claimed alone, an outage told from a refused
@@ -36,7 +36,6 @@ from django.db import DatabaseError, connection, transaction
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery import row_limits
 from notifications_retry.delivery.claim_statements import (
     CLAIM_PAYLOAD_BYTES,
     CLAIM_UPDATE,
@@ -45,11 +44,19 @@ from notifications_retry.delivery.claim_statements import (
     Partitions,
     TenantCaps,
     claim_query,
+    lapsed_leases_query,
+    recovery_group,
+    set_aside,
 )
 from notifications_retry.delivery.finalize import connection_lost, outcome_steps, reachable
-from notifications_retry.delivery.lapsed_leases import lapsed_leases_query, recovery_group
-from notifications_retry.delivery.session import bound_transaction, bounded
-from notifications_retry.delivery.statements import Statement, Steps, run_steps, run_transaction_async
+from notifications_retry.delivery.session import (
+    Statement,
+    Steps,
+    bound_transaction,
+    bounded,
+    run_steps,
+    run_transaction_async,
+)
 from notifications_retry.delivery.suppression import suppressed_steps
 from notifications_retry.exceptions import first_line
 from notifications_retry.rules.outcomes import (
@@ -180,7 +187,7 @@ class _Claim:
     def lapsed(
         self, plan: Sequence[ChannelClaim], only: uuid.UUID | None = None, *, ids: bool = False
     ) -> tuple[str, dict[str, Any]]:
-        """The give-back of the plan's lapsed leases (:mod:`.lapsed_leases`)."""
+        """The give-back of the plan's lapsed leases (:mod:`.claim_statements`)."""
         channels = [p.channel_id for p in plan]
         return lapsed_leases_query(
             self.now, channels, skip=self.skip, partitions=self.partitions, only=only, ids=ids
@@ -202,7 +209,7 @@ class _Claim:
         *,
         orm: bool = True,
     ) -> Steps[ClaimBatch]:
-        """The claim's statements (delivery.statements), inside the caller's bounded transaction
+        """The claim's statements (delivery.session), inside the caller's bounded transaction
         (``orm``: as :func:`~notifications_retry.delivery.finalize.outcome_steps` takes it)."""
         token = uuid.uuid4()
         sql, params = self.query(plan, total, only)
@@ -271,7 +278,7 @@ class _Claim:
             stop = Failure(UNDECODABLE, f"payload cannot be decoded: {undecodable}", retriable=False)
             return record, float(lease), stop
         shape, text_size, recipient_chars = row[_MEASURES:]
-        aside = row_limits.set_aside(
+        aside = set_aside(
             shape=shape,
             text_size=text_size,
             recipient_chars=recipient_chars,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -14,10 +15,85 @@ from typing import Any
 
 from django.db import connection
 
-from notifications_retry.conf import get_settings
-from notifications_retry.delivery import row_limits
-from notifications_retry.delivery.statements import json_document
+from notifications_retry.conf import bounds, get_settings
+from notifications_retry.delivery.session import json_document
 from notifications_retry.models import NotificationEntity
+from notifications_retry.rules.outcomes import PAYLOAD_INVALID, PAYLOAD_TOO_LARGE, Failure
+
+# --------------------------------------------------------------------------------------------------
+# The limits every claimed row is held to, not only the rows the API wrote.
+#
+# Raw SQL, a restore or a bad migration can leave a 50 MB payload, a 10 MB recipient or a payload that is
+# not a JSON object. The claim measures them in SQL and returns neither value for such a row, so the worker
+# never holds it in memory; :func:`set_aside` then says why the row is a dead letter (``payload_too_large``,
+# ``payload_invalid``): no provider call, one event.
+#
+# Sizes are the API's (:func:`notifications_retry.inputs.validation.check_payload`): the payload as compact
+# JSON in UTF-8, at most ``MAX_PAYLOAD_BYTES``; the recipient at most ``RECIPIENT_MAX_LENGTH`` characters.
+# PostgreSQL prints a payload with a space after each ``:`` and ``,``, so its text is at most twice the
+# compact form: a payload whose text is over twice the limit is refused unread, and one between the limit
+# and twice it is read (at most twice ``MAX_PAYLOAD_BYTES``) and measured exactly as the API measures.
+# --------------------------------------------------------------------------------------------------
+
+RECIPIENT_MAX_LENGTH = bounds.RECIPIENT_MAX_LENGTH
+#: lz4 and pglz shrink data at most about 255 and 88 to 1: a stored payload smaller than the limit
+#: divided by this cannot be over the limit, and is not measured further.
+MAX_COMPRESSION_RATIO = 256
+
+#: The claim's measures, computed in its middle query for the rows within its payload budget only
+#: (``s0``: the locked rows with ``within``); ``OFFSET 0`` there keeps each computed once.
+MEASURES = f"""
+       CASE WHEN s0.within THEN jsonb_typeof(s0.payload) END AS shape,
+       CASE WHEN s0.within AND pg_column_size(s0.payload)::bigint * {MAX_COMPRESSION_RATIO} > %(max_payload)s
+            THEN octet_length(s0.payload::text) END AS text_size,
+       CASE WHEN octet_length(s0.recipient) > {RECIPIENT_MAX_LENGTH} THEN char_length(s0.recipient) END
+            AS recipient_chars
+"""
+
+#: Whether the claim returns a row's payload: within the budget, an object, not over twice the limit.
+PAYLOAD_RETURNED = (
+    "s.within AND s.shape = 'object' AND (s.text_size IS NULL OR s.text_size <= 2 * %(max_payload)s)"
+)
+#: Whether it returns the recipient: not over the limit.
+RECIPIENT_RETURNED = f"s.recipient_chars IS NULL OR s.recipient_chars <= {RECIPIENT_MAX_LENGTH}"
+
+
+def set_aside(
+    *, shape: str | None, text_size: int | None, recipient_chars: int | None, payload: Any, max_payload: int
+) -> Failure | None:
+    """Why a claimed row is not sent at all (its measures from the claim), or None when it may be."""
+    if recipient_chars is not None and recipient_chars > RECIPIENT_MAX_LENGTH:
+        return Failure(
+            PAYLOAD_TOO_LARGE,
+            f"recipient is {recipient_chars:,} characters; at most {RECIPIENT_MAX_LENGTH:,} are accepted "
+            "(written past the API: nothing was sent)",
+            retriable=False,
+        )
+    if shape is not None and shape != "object":
+        return Failure(
+            PAYLOAD_INVALID,
+            f"payload is a JSON {shape}, not an object (written past the API: nothing was sent)",
+            retriable=False,
+        )
+    if text_size is None or text_size <= max_payload:
+        return None
+    size = text_size if text_size > 2 * max_payload else _compact_size(payload)
+    if size <= max_payload:
+        return None
+    measured = "as stored" if size == text_size else "as JSON"
+    return Failure(
+        PAYLOAD_TOO_LARGE,
+        f"payload is {size:,} bytes {measured}; at most {max_payload:,} are accepted (MAX_PAYLOAD_BYTES; "
+        "written past the API: nothing was sent)",
+        retriable=False,
+    )
+
+
+def _compact_size(payload: Any) -> int:
+    """The payload's size as the API measures it: compact JSON in UTF-8."""
+    encoded = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return len(encoded.encode("utf-8", "surrogatepass"))
+
 
 _TABLE = NotificationEntity._meta.db_table
 
@@ -213,15 +289,15 @@ WITH RECURSIVE c AS MATERIALIZED (
     SELECT * FROM unnest(%(channels)s::bigint[], %(limits)s::int[], %(leases)s::float8[])
         AS c(channel_id, lim, lease)
 {{picks}}SELECT s.id, s.tenant_id, s.channel_id,
-       CASE WHEN {row_limits.RECIPIENT_RETURNED} THEN s.recipient END,
-       CASE WHEN {row_limits.PAYLOAD_RETURNED} THEN s.payload END,
+       CASE WHEN {RECIPIENT_RETURNED} THEN s.recipient END,
+       CASE WHEN {PAYLOAD_RETURNED} THEN s.payload END,
        s.notification_type, s.priority, s.status, s.attempts,
        CASE WHEN s.expires_at IS NOT NULL THEN LEAST(GREATEST(s.expires_at,
            '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END,
        s.correlation_id, s.requeue_count, s.lease, s.recovered, s.crashes, NOT s.within AS over_budget,
        s.shape, s.text_size, s.recipient_chars
 FROM (
-SELECT s0.*, {row_limits.MEASURES}
+SELECT s0.*, {MEASURES}
 FROM (
 SELECT n.*, c.lease, n.claim_token IS NOT NULL AS recovered,
        -- A recovered row's attempts that never finished (counted at claim, never logged): its crashes.
@@ -417,3 +493,92 @@ def ring_start(now: datetime) -> uuid.UUID:
     """Where a claim at ``now`` starts its walk round the ring of tenant ids: drawn from the time, so
     claims start at points spread over the ring (what matters past ``TENANTS_PER_CLAIM`` tenants)."""
     return uuid.UUID(bytes=hashlib.md5(now.isoformat().encode(), usedforsecurity=False).digest())
+
+
+# --------------------------------------------------------------------------------------------------
+# Leases whose worker died: given back by the next claim, and claimed again in halving groups.
+#
+# A leased row has no ``due_at`` (``triggers.DUE_AT_RULE``): its lease's row version enters none of the due
+# indexes, and ``nr_lease_expiry_idx`` finds it by its expiry. Every claim (:mod:`.claim`) first gives back
+# the lapsed leases it could take itself (its channels', its partitions'), in its own transaction, so that
+# its SELECT sees them due and takes them: no other worker's claim stands between the give-back and the
+# take.
+# --------------------------------------------------------------------------------------------------
+
+_TABLE = NotificationEntity._meta.db_table
+
+#: Lapsed leases given back per claim at most (a claim after a crash meets at most the rows that were
+#: in flight then; what is past this is given back by the next claims).
+LAPSED_PER_CLAIM = 1000
+
+# The give-back of lapsed leases, first in the claim's transaction (the claim's SELECT then sees them
+# due): the expiry cleared, the token kept, so the claim reads them as recovered (their crashes
+# counted, recovery_group below). Only the claim's channels and partitions: a lease another worker
+# would take is left to that worker's claim, which gives it back and takes it in one transaction (the
+# wake-up wakes every worker at a lease's expiry). Rows another transaction holds (a late outcome
+# being written) are skipped. Due from now (DUE_AT_RULE: updated_at).
+_LAPSED_IDS = f"""
+    SELECT l.id FROM {_TABLE} l
+    WHERE l.claim_expires_at IS NOT NULL AND l.claim_expires_at <= %(now)s
+          AND l.channel_id = ANY(%(channels)s::bigint[]) AND l.id <> ALL(%(skip)s::uuid[]) {{filters}}
+    ORDER BY l.claim_expires_at
+    LIMIT {LAPSED_PER_CLAIM}"""
+LAPSED_LEASES = f"""
+UPDATE {_TABLE} t
+SET claim_expires_at = NULL, updated_at = %(now)s, due_at = %(now)s
+WHERE t.id IN ({_LAPSED_IDS}
+    FOR UPDATE SKIP LOCKED)
+"""
+
+
+def lapsed_leases_query(
+    now: datetime,
+    channels: Sequence[int],
+    *,
+    skip: Collection[uuid.UUID] = (),
+    partitions: Partitions | None = None,
+    only: uuid.UUID | None = None,
+    ids: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The give-back of the lapsed leases of ``channels`` (:data:`LAPSED_LEASES`) and its parameters:
+    only rows of ``partitions`` (None: every row), none of ``skip`` (rows set aside as poison: a row the
+    give-back cannot write must not fail every claim), only ``only`` if given (a give-back row by row,
+    ``claim._Claim.isolate``). ``ids``: the SELECT of the rows' ids instead, unlocked."""
+    params: dict[str, Any] = {
+        "now": now,
+        "channels": list(channels),
+        "skip": [str(i) for i in skip],
+        "only": only,
+    }
+    filters = "AND l.id = %(only)s" if only is not None else ""
+    if partitions is not None and partitions.count > 1:
+        filters += f" AND {PARTITION_OF.format(row='l')} = ANY(%(partitions)s)"
+        params.update(partition_count=partitions.count, partitions=list(partitions.owned))
+    sql = (_LAPSED_IDS if ids else LAPSED_LEASES).format(filters=filters)
+    return sql, params
+
+
+#: Recovered rows whose worker died once with them come back in groups of at most this many.
+RECOVERY_GROUP = 16
+
+
+def recovery_group(rows: list[Any], recovered_at: int, crashes_at: int) -> tuple[list[Any], bool]:
+    """The rows to lease now, and whether due rows were left out on purpose (``recovered_at``,
+    ``crashes_at``: the positions in a claimed row of its recovered flag and its crash count).
+
+    A row whose lease expired was in flight when its worker died: maybe it killed the worker. Such
+    rows come back in groups that halve with each death they were in flight at (16, 8, 4, 2, then
+    alone), the rows of fewest deaths first: a recovery drains at the pace of a group's sends, and a
+    payload that kills the process is cornered in a few rounds, each costing fewer batch-mates an
+    attempt.
+    """
+    recovered = [row for row in rows if row[recovered_at]]
+    if not recovered:
+        return rows, False
+    least = min(max(1, row[crashes_at] or 1) for row in recovered)
+    size = max(1, RECOVERY_GROUP >> (least - 1))
+    chosen = [row for row in recovered if max(1, row[crashes_at] or 1) == least][:size]
+    return chosen, len(chosen) < len(rows)
+
+
+__all__ = ["LAPSED_LEASES", "LAPSED_PER_CLAIM", "RECOVERY_GROUP", "lapsed_leases_query", "recovery_group"]

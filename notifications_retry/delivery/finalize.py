@@ -24,11 +24,12 @@ import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from notifications_retry.delivery import events, health
-from notifications_retry.delivery.session import bound_transaction, bounded
-from notifications_retry.delivery.statements import (
+from notifications_retry.delivery.session import (
     CopyIn,
     Statement,
     Steps,
+    bound_transaction,
+    bounded,
     json_document,
     run_steps,
     run_transaction_async,
@@ -171,7 +172,7 @@ def _apply(outcomes: Sequence[Outcome], now: datetime, *, guarded: bool) -> tupl
 def outcome_steps(
     outcomes: Sequence[Outcome], now: datetime, *, guarded: bool, orm: bool = True
 ) -> Steps[list[Outcome]]:
-    """The statements that write outcomes and their events (delivery.statements); returns those applied.
+    """The statements that write outcomes and their events (delivery.session); returns those applied.
 
     ``guarded``: only where the row's claim token is still the outcome's. ``orm``: False on a
     connection of the send loop, where an outcome whose write needs Django's ORM (a gone mailbox's
@@ -347,7 +348,7 @@ async def finalize_async(
     conn: psycopg.AsyncConnection[Any], outcomes: Sequence[Outcome], now: datetime
 ) -> FinalizeReport:
     """Apply outcomes under their claim tokens in one transaction on ``conn`` (in autocommit mode: the
-    transaction is explicit, delivery.statements). Raises :class:`NeedsDjango` or psycopg's errors, the
+    transaction is explicit, delivery.session). Raises :class:`NeedsDjango` or psycopg's errors, the
     transaction rolled back: the caller commits the batch by :func:`finalize` instead."""
     outcomes = list(outcomes)
     report = FinalizeReport()

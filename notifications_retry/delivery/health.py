@@ -29,7 +29,7 @@ from django.db import transaction
 
 from notifications_retry import signals
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
+from notifications_retry.delivery.session import Statement, Steps, json_document, run_steps
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import (
     CHANNEL_HEALTH_TOPIC,
@@ -146,7 +146,7 @@ def record(cursor: Any, outcomes: Sequence[Outcome], now: datetime) -> list[int]
 
 
 def window_steps(outcomes: Sequence[Outcome], now: datetime) -> Steps[Judged]:
-    """The statements that add the calls to their buckets and sum the windows (delivery.statements);
+    """The statements that add the calls to their buckets and sum the windows (delivery.session);
     returns the changes to apply (:func:`change` writes them through Django's ORM) and the called
     channels found disabled."""
     counts = _counts(outcomes)

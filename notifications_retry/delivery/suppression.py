@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.statements import Statement, Steps, json_document, run_steps
+from notifications_retry.delivery.session import Statement, Steps, json_document, run_steps
 from notifications_retry.inputs.addresses import normalize_recipient
 from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
 from notifications_retry.rules.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
@@ -65,7 +65,7 @@ def suppressed_in_batch(
 def suppressed_steps(
     recipients: Sequence[tuple[uuid.UUID, str, Any]], now: datetime
 ) -> Steps[dict[uuid.UUID, str]]:
-    """:func:`suppressed_in_batch` as statements (delivery.statements), for either driver."""
+    """:func:`suppressed_in_batch` as statements (delivery.session), for either driver."""
     wanted: dict[uuid.UUID, tuple[str, str]] = {}
     for nid, channel_key, recipient in recipients:
         if isinstance(recipient, str) and recipient:

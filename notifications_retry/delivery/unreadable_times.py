@@ -6,7 +6,7 @@ whose ``next_attempt_at``, ``scheduled_at`` or ``expires_at`` is such a time wou
 recorded (its due time never comes, ``triggers.DUE_AT_RULE``), and every page or query that loads it
 (the admin's list and change page, the API's functions, triage, recovery) would fail on it.
 
-So, like the rows the claim sets aside as poison (:mod:`.row_limits`), such a row becomes a dead letter
+So, like the rows the claim sets aside as poison (:mod:`.claim_statements`), such a row becomes a dead letter
 that says why: error kind ``unreadable_time``, one ``dispatched`` (Failed) event, no provider call,
 no attempt counted. In the same transaction its unreadable times are set to NULL, so every page can
 load it and an operator can requeue it. The database's rules allow both writes: the outcome is
@@ -39,8 +39,7 @@ import structlog
 from django.db import connection, transaction
 
 from notifications_retry.delivery.finalize import outcome_steps
-from notifications_retry.delivery.session import bound_transaction
-from notifications_retry.delivery.statements import Statement, Steps, run_steps
+from notifications_retry.delivery.session import Statement, Steps, bound_transaction, run_steps
 from notifications_retry.models import NotificationEntity
 from notifications_retry.rules.outcomes import TERMINAL, UNREADABLE_TIME, ClaimedRecord, Failure, Outcome
 

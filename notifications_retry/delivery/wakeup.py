@@ -21,7 +21,7 @@ from notifications_retry.models import ChannelConfig, NotificationEntity
 
 # A leased row has no due_at (triggers.DUE_AT_RULE): the earliest lease expiry counts too, whatever
 # its channel (one probe of nr_lease_expiry_idx), so that a worker wakes when a dead worker's lease
-# lapses and its channel's claim gives the row back (delivery.lapsed_leases).
+# lapses and its channel's claim gives the row back (delivery.claim_statements).
 #
 # PostgreSQL stores times Python's datetime cannot hold ('infinity', year 12000 written by raw SQL), and
 # psycopg refuses to read them ("timestamp too large"): the answer is clamped in SQL, as the claim

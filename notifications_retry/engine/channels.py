@@ -20,9 +20,8 @@ from django.db import DatabaseError
 from django.db.models import Count
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.conf import RetrySettings, tenant_rate_limits
-from notifications_retry.conf.lanes import LaneSettings, shared_limits
-from notifications_retry.conf.lanes import share as lane_share
+from notifications_retry.conf import LaneSettings, RetrySettings, shared_limits, tenant_rate_limits
+from notifications_retry.conf import share as lane_share
 from notifications_retry.delivery.channel_rules import (
     QUEUE_ROUNDS,
     RATE_HORIZON_SECONDS,

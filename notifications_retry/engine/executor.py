@@ -32,8 +32,8 @@ from notifications_retry.rules.outcomes import (
     failure_of,
     outcome_of,
 )
+from notifications_retry.runtime.asyncio_bridge import deadline
 from notifications_retry.runtime.clock import Clock
-from notifications_retry.runtime.deadlines import deadline
 
 #: The grace after a timeout, the only one: a provider call that outlives its channel timeout by this much
 #: is abandoned as a timeout, and a tick that stopped claiming waits no longer for its calls.

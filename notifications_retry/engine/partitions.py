@@ -29,8 +29,7 @@ from typing import Any
 
 import psycopg
 
-from notifications_retry.conf import RetrySettings
-from notifications_retry.conf.lanes import DEFAULT_LANE
+from notifications_retry.conf import DEFAULT_LANE, RetrySettings
 from notifications_retry.database.locks import LOCK_IDLE_SESSION_TIMEOUT_SECONDS, AdvisoryLock, LockNotDirect
 
 #: Between ticks, how often a worker short of its fair share tries again to take free partitions.

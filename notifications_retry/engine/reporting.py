@@ -14,7 +14,7 @@ import structlog
 from django.db import DatabaseError, connection, transaction
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.conf.lanes import DEFAULT_LANE
+from notifications_retry.conf import DEFAULT_LANE
 from notifications_retry.delivery import FinalizeReport
 from notifications_retry.delivery.session import bound_transaction
 from notifications_retry.models import BacklogSample, WorkerHeartbeat

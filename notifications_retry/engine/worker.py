@@ -28,8 +28,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry import signals
-from notifications_retry.conf import RetrySettings, get_settings
-from notifications_retry.conf.lanes import DEFAULT_LANE, lane_channels
+from notifications_retry.conf import DEFAULT_LANE, RetrySettings, get_settings, lane_channels
 from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures

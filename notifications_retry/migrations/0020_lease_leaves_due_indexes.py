@@ -3,7 +3,7 @@
 The due-time rule gives a leased row no ``due_at`` (``triggers.DUE_AT_RULE``), so the lease's row
 version enters none of the three due indexes, and ``nr_lease_expiry_idx`` holds the leases by expiry:
 the wake-up's and the claim's way to a lease whose worker died (the claim gives such a lease back,
-``delivery.lapsed_leases.LAPSED_LEASES``). Rows leased while this runs lose their ``due_at`` here.
+``delivery.claim_statements.LAPSED_LEASES``). Rows leased while this runs lose their ``due_at`` here.
 It also changes a trigger and updates rows, so it cannot be faked after building its index by hand: on
 a large table, run it in a quiet hour (``migrate`` blocks writes to the table while it builds the index).
 """

@@ -13,8 +13,7 @@ from datetime import datetime
 
 from django.db import DatabaseError
 
-from notifications_retry.conf import get_settings, heartbeat_max_age
-from notifications_retry.conf.lanes import DEFAULT_LANE
+from notifications_retry.conf import DEFAULT_LANE, get_settings, heartbeat_max_age
 from notifications_retry.models import WorkerHeartbeat
 from notifications_retry.observability.heartbeat_file import read_age
 from notifications_retry.runtime.clock import Clock, default_clock

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from notifications_retry.exceptions import causes
-from notifications_retry.runtime.deadlines import deadline
+from notifications_retry.runtime.asyncio_bridge import deadline
 
 if TYPE_CHECKING:
     import aiohttp
@@ -297,7 +297,7 @@ class HttpClient:
         state.inflight += 1
         try:
             # Not asyncio.timeout: an answer that arrived while the process was paused is read, not
-            # called a timeout (notifications_retry.runtime.deadlines).
+            # called a timeout (notifications_retry.runtime.asyncio_bridge).
             async with deadline(timeout):
                 return await self._exchange(state, method, headers, body)
         except TimeoutError as exc:

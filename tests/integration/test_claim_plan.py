@@ -121,7 +121,7 @@ def test_a_claim_of_one_row_reads_it_by_primary_key(clock, filled):
 def test_the_give_back_of_lapsed_leases_probes_the_lease_index_and_never_scans_the_table(
     clock, filled, leased
 ):
-    from notifications_retry.delivery.lapsed_leases import lapsed_leases_query
+    from notifications_retry.delivery.claim_statements import lapsed_leases_query
 
     with connection.cursor() as cursor:  # leases running (not lapsed) among the 30,000 rows
         cursor.execute(

@@ -289,7 +289,7 @@ def test_worker_recovers_every_expired_lease_in_one_tick(clock):
 
 @pytest.mark.django_db
 def test_recovered_leases_come_back_in_groups_that_halve_with_each_death(clock):
-    from notifications_retry.delivery.lapsed_leases import RECOVERY_GROUP
+    from notifications_retry.delivery.claim_statements import RECOVERY_GROUP
 
     channel = ChannelFactory(key="hook-recovery", provider_key="in_app")
     expired = clock.now() - timedelta(seconds=5)
@@ -322,7 +322,7 @@ def test_a_logged_attempt_of_the_first_run_is_no_crash(clock):
     # a recovered row's crashes reads a missing generation as 0. The rows' first attempt (the
     # factory's) and the last were never logged: two deaths, so they come back 8 at a time. Read as
     # "not this run", the logged attempt would make a third, and they would come back 4 at a time.
-    from notifications_retry.delivery.lapsed_leases import RECOVERY_GROUP
+    from notifications_retry.delivery.claim_statements import RECOVERY_GROUP
 
     channel = ChannelFactory(key="in_app", max_attempts=10)
     due_records(clock, channel, RECOVERY_GROUP + 4)

@@ -1,5 +1,5 @@
 """JSON between the worker and the database. Rows travel to it as one JSON document
-(delivery.statements.json_document): written by orjson, and what orjson refuses is written as before and
+(delivery.session.json_document): written by orjson, and what orjson refuses is written as before and
 judged by the database, one row alone. Payloads come back from a claim as they were stored."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from notifications_retry.delivery import RETRY, SENT, Outcome, finalize
-from notifications_retry.delivery.statements import json_document
+from notifications_retry.delivery.session import json_document
 from notifications_retry.models import NotificationEntity
 from tests.support.claims import claimed_in_app
 

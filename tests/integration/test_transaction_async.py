@@ -1,5 +1,5 @@
 """A transaction's statements run on an asynchronous connection in as few messages as their answers
-allow (delivery.statements.run_transaction_async): all or nothing, on a real PostgreSQL."""
+allow (delivery.session.run_transaction_async): all or nothing, on a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from notifications_retry.delivery.statements import CopyIn, Statement, Steps, run_steps, run_transaction_async
+from notifications_retry.delivery.session import CopyIn, Statement, Steps, run_steps, run_transaction_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

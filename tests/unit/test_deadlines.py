@@ -1,4 +1,4 @@
-"""A deadline does not mistake a paused process for a slow answer (notifications_retry.runtime.deadlines)."""
+"""A deadline does not mistake a paused process for a slow answer (runtime.asyncio_bridge.deadline)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from notifications_retry.runtime.deadlines import deadline
+from notifications_retry.runtime.asyncio_bridge import deadline
 
 
 def _read_after_a_pause(scope: Callable[[float], Any], *, answer: bool) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notifications_retry.conf.lanes import (
+from notifications_retry.conf import (
     DEFAULT_LANE,
     covers,
     lane_channels,
