@@ -1,4 +1,5 @@
 """The claim's SQL statements (run by :mod:`.claim`): what is selected and locked, and the lease update;
+the size and shape limits a claimed row is held to; the give-back of lapsed leases (below);
 the claim's request and plan (:class:`ClaimRequest`, :class:`ChannelClaim`, :class:`Partitions`) and
 :func:`claim_query`, which builds the SELECT from them."""
 

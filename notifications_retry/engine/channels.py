@@ -1,4 +1,5 @@
-"""Channels as the worker holds them: a provider and flow-control state per channel, kept across ticks.
+"""Channels as the worker holds them: a provider and flow-control state per channel, kept across ticks,
+and the lane's set of them loaded before each tick (:class:`ChannelSet`, below).
 
 A runtime is rebuilt only when its configuration changes (:func:`channel_fingerprint`), so a circuit
 that opened, a Retry-After pause and the rate limiter's schedule survive from one tick to the next. A

@@ -1,4 +1,5 @@
-"""The completer: commits outcomes in batches bounded by size and by time, and keeps them through outages.
+"""The completer: commits outcomes in batches bounded by size and by time, and keeps them through outages;
+its commits as a task of the send loop (:class:`LoopCompleter`, below).
 
 An outcome waits at most ``max_delay`` seconds (default :data:`MAX_DELAY_SECONDS`) before its commit
 starts, or less when ``max_batch`` outcomes are waiting: a crash between a send and its commit makes

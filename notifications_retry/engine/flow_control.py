@@ -1,5 +1,6 @@
-"""Per-channel flow control held by the worker: a sender-side rate limit, a circuit breaker, and the
-spacing of a channel's starts over its calls' duration.
+"""Flow control held by the worker: per channel, a sender-side rate limit, a circuit breaker and the
+spacing of a channel's starts over its calls' duration; across channels, the worker's own cap on calls
+in flight (:class:`InFlightCap`, below).
 
 All run on the worker's scheduling thread and use monotonic seconds, never the database clock: they
 pace and pause real calls, not due times.

@@ -1,4 +1,5 @@
-"""Partitions of a lane's backlog, one owner each: the advisory locks that let identical workers share it.
+"""Partitions of a lane's backlog, one owner each: the advisory locks that let identical workers share it,
+and whether a send may still start under them (:class:`Ownership`, below).
 
 With ``PARTITIONS`` = N above 1, every notification belongs to partition
 ``hash(id) mod N`` (computed in the claim's SQL: ``delivery.claim_statements.PARTITION_OF``), and

@@ -1,4 +1,6 @@
-"""What a tick did: its stats, and the metrics, log events and signal of each committed outcome."""
+"""What a tick did: its stats, the metrics, log events and signal of each committed outcome, and the
+tick's bookkeeping after it (:class:`Bookkeeping`, below: the heartbeat row, the backlog's gauges and
+sample, ``cycle-completed``)."""
 
 from __future__ import annotations
 
