@@ -122,18 +122,26 @@ def backend_pids(application_name: str) -> set[int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_publishes_its_events_soon_after_writing_them_on_its_lock_session(settings):
-    # The receiver takes 0.3 s an event: long enough to see the key locks held while it publishes.
-    server = ScriptedServer(lambda request: Reply(200, {}, delay=0.3)).start()
+    # The receiver holds the first publish until the test has looked: the key locks are held meanwhile,
+    # however late a loaded machine lets the test look.
+    looked = threading.Event()
+
+    def answer(request: object) -> Reply:
+        looked.wait(timeout=30)
+        return Reply(200, {})
+
+    server = ScriptedServer(answer).start()
     try:
         http_publisher_settings(settings, server)
         rows = due(ChannelFactory(key="in_app"), 2)
         worker = relaying_worker()
-        seen_relay_connections: set[int] = set()
-        key_lock_holders: set[int] = set()
         with looping(worker):
             wait_until(lambda: Outbox.objects.count() == 2, "the tick's events")
+            wait_until(lambda: len(server.requests) >= 1, "the relay's first publish")
+            key_lock_holders = advisory_holders(LOCK_CLASS)
+            seen_relay_connections = backend_pids("notifications_retry relay")
+            looked.set()
             while Outbox.objects.filter(published_at__isnull=True).exists():
-                key_lock_holders |= advisory_holders(LOCK_CLASS)
                 seen_relay_connections |= backend_pids("notifications_retry relay")
                 time.sleep(0.01)
             lock_sessions = backend_pids("notifications_retry lock")
