@@ -334,6 +334,8 @@ class Worker:
                 ticks.append(self.tick())
                 self._beat()
                 if not self.stopping:
+                    if ticks[-1].processed:
+                        self.tasks.nudge("relay")  # the tick's outcomes wrote events: publish them now
                     self.tasks.run_due()
                 if once or self.stopping:
                     break

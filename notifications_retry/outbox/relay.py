@@ -78,6 +78,12 @@ SHARE = 0.5
 #: up to the second figure while it is not).
 PUBLISH_POLL_SECONDS = 0.01
 PUBLISH_POLL_MAX_SECONDS = 0.5
+#: In ``retry_worker``, once the outbox is drained: the relay looks again after its interval, then less
+#: often (doubling up to this) with one index probe a look. A tick that settled rows has it look at
+#: once (:meth:`LoopTasks.nudge <notifications_retry.engine.loop_tasks.LoopTasks.nudge>`), so the worker's
+#: own events go out promptly; an event written elsewhere while the worker idles waits at most this
+#: long. An idle worker then runs less than a statement a second.
+IDLE_LOOK_MAX_SECONDS = 5.0
 #: How long a stopping worker waits for its relay's batch in flight (which ends after the event in hand)
 #: before it gives up marking it; and how long the batch taken after ``--once``'s tick has to finish.
 STOP_WAIT_SECONDS = 0.25
@@ -239,6 +245,10 @@ class Relay:
         finally:
             self.settle(published, report)
         return report
+
+    def waiting(self) -> bool:
+        """Whether an event waits to be published: one probe of the unpublished index, no transaction."""
+        return Outbox.objects.filter(published_at__isnull=True).exists()
 
     def take(self, report: RelayReport) -> list[Outbox]:
         """Steps 1 and 2 of a batch: the events to publish, their keys locked (:meth:`settle` releases
@@ -434,6 +444,8 @@ class RelayTask:
     sends up: the next turn marks what it accepted and takes the next batch. An event therefore waits
     about ``interval`` (less while events keep coming) plus, during a drain, the tick in progress.
     While the publisher is down, batches back off (doubling from ``interval`` up to ``max_backoff``).
+    Once the outbox is drained it looks less often (up to :data:`IDLE_LOOK_MAX_SECONDS`, a probe a
+    look) until a tick that settled rows has it look at once.
     """
 
     name = "relay"
@@ -446,6 +458,8 @@ class RelayTask:
         self.retry_seconds = relay.interval
         self.retry_cap_seconds = relay.max_backoff
         self._down_in_a_row = 0
+        #: Looks in a row that found the outbox drained (0: the last one took events).
+        self._drained_in_a_row = 0
         self._pending: _Publishing | None = None
 
     def run(self, budget: float) -> float:
@@ -468,6 +482,11 @@ class RelayTask:
         return self._take()
 
     def _take(self) -> float:
+        if self._drained_in_a_row:
+            if not self.relay.waiting():
+                self._drained_in_a_row += 1
+                return self._idle_delay()
+            self._drained_in_a_row = 0  # events wait: back to the interval whatever this take gets
         report = RelayReport()
         try:
             rows = self.relay.take(report)
@@ -476,9 +495,18 @@ class RelayTask:
             raise
         if not rows:
             self.relay.settle([], report)
-            return self.relay.interval
+            self._drained_in_a_row += 1
+            return self._idle_delay()
+        self._drained_in_a_row = 0
         self._pending = _Publishing(self.relay, rows, report)
         return PUBLISH_POLL_SECONDS
+
+    def _idle_delay(self) -> float:
+        """The pause after the outbox was found drained this many looks in a row."""
+        return min(
+            max(IDLE_LOOK_MAX_SECONDS, self.relay.interval),
+            self.relay.interval * 2.0 ** min(self._drained_in_a_row - 1, 16),
+        )
 
     def _settle(self) -> RelayReport:
         pending, self._pending = self._pending, None

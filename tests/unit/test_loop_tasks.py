@@ -172,3 +172,55 @@ def test_the_relay_looks_at_a_slow_batch_less_and_less_often():
     delays = [task.run(0.5) for _ in range(10)]
     assert delays[0] == pytest.approx(2 * PUBLISH_POLL_SECONDS)
     assert delays == sorted(delays) and delays[-1] == PUBLISH_POLL_MAX_SECONDS
+
+
+def test_a_nudge_makes_a_task_due_now_unless_it_is_backing_off_a_failure():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    relay, other, failing = Task("relay", time, delay=5.0), Task("other", time), Task("failing", time)
+    failing.raises = RuntimeError("down")
+    for task in (relay, other, failing):
+        tasks.add(task)
+    tasks.run_due()
+    time.now = 100.5  # the failing task's retry is at 101
+    tasks.nudge("relay")
+    tasks.nudge("failing")
+    tasks.run_due()
+    assert relay.turns == [100.0, 100.5] and other.turns == [100.0]
+    assert failing.turns == [100.0]  # its backoff holds: a nudge does not hammer a failing task
+
+
+class DrainedRelay:
+    """A relay whose outbox is drained until ``events`` is set: counts full takes and probes."""
+
+    interval = 1.0
+    max_backoff = 60.0
+    batch_size = 100
+
+    def __init__(self) -> None:
+        self.events = False
+        self.takes = 0
+        self.probes = 0
+
+    def waiting(self) -> bool:
+        self.probes += 1
+        return self.events
+
+    def take(self, report: object) -> list[object]:
+        self.takes += 1
+        return []
+
+    def settle(self, published: list[int], report: object) -> None:
+        pass
+
+
+def test_a_drained_outbox_is_looked_at_less_and_less_often_with_a_probe_a_look():
+    from notifications_retry.outbox.relay import IDLE_LOOK_MAX_SECONDS, RelayTask
+
+    relay = DrainedRelay()
+    task = RelayTask(relay)  # type: ignore[arg-type]
+    delays = [task.run(0.5) for _ in range(6)]
+    assert delays == [1.0, 2.0, 4.0, IDLE_LOOK_MAX_SECONDS, IDLE_LOOK_MAX_SECONDS, IDLE_LOOK_MAX_SECONDS]
+    assert relay.takes == 1 and relay.probes == 5  # one transaction, then one index probe a look
+    relay.events = True  # an event was written elsewhere: the next look takes it
+    assert task.run(0.5) == 1.0 and relay.takes == 2  # (the fake takes nothing: drained again)
