@@ -84,11 +84,13 @@ class OutboxBacklog:
 
 
 def outbox_backlog(now: datetime) -> OutboxBacklog:
-    """Unpublished events and the age of the oldest (0 when none waits): two reads of the partial index
-    on unpublished events, a count of its entries and its first one (the relay's order)."""
-    unpublished = Outbox.objects.filter(published_at__isnull=True)
-    oldest = unpublished.order_by("id").values_list("created_at", flat=True).first()
+    """Unpublished events and the age of the oldest (0 when none waits): one statement over the partial
+    index on unpublished events."""
+    waiting = Outbox.objects.filter(published_at__isnull=True).aggregate(
+        count=Count("pk"), oldest=_oldest("created_at")
+    )
+    oldest = waiting["oldest"] if waiting["count"] else None
     return OutboxBacklog(
-        unpublished=unpublished.count(),
+        unpublished=waiting["count"],
         oldest_unpublished_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
     )
