@@ -339,3 +339,19 @@ def test_checkov_fails_a_container_that_may_escalate(tmp_path: Path) -> None:
     (tmp_path / "worker.yaml").write_text(yaml.safe_dump_all(worker))
     report = _run_checkov(checkov, "-f", str(tmp_path / "worker.yaml"))
     assert "CKV_K8S_20" in {c["check_id"] for c in report["results"]["failed_checks"]}
+
+
+def test_every_way_of_running_the_worker_runs_housekeeping() -> None:
+    # The Deployment's looping worker runs it (hourly, in one elected worker); a --once run does not, so
+    # the file with the --once CronJob schedules notifications_housekeeping beside it.
+    for deployment in _deployment_running("retry_worker"):
+        assert "--no-housekeeping" not in json.dumps(deployment), deployment["metadata"]["name"]
+    by_file: dict[str, list[str]] = {}
+    for name, doc in DOCUMENTS:
+        if doc["kind"] == "CronJob":
+            by_file.setdefault(name.split(":")[0], []).append(json.dumps(doc))
+    once_files = [
+        f for f, docs in by_file.items() if any('"--once"' in d and "retry_worker" in d for d in docs)
+    ]
+    assert once_files == ["worker-cronjob.yaml"]
+    assert any('"notifications_housekeeping"' in d for d in by_file["worker-cronjob.yaml"])
