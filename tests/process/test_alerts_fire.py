@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,21 +72,27 @@ def test_prometheus_fires_provider_down_and_terminal_spike_for_a_real_worker(
     try:
         deadline = time.monotonic() + 60
         seen: dict[str, list[dict[str, str]]] = {}
+        probes: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             assert worker.alive(), worker.output()
             seen = firing(prometheus)
-            if "NotificationsProviderDown" in seen and "NotificationsTerminalFailuresSpike" in seen:
+            # The incident as described: the hook's circuit seen half open as well as open. Its circuit
+            # cycles (open, half open for a probe's timeout), so a scrape that missed one meets the next.
+            probes = prometheus.query(
+                'count_over_time((notifications_retry_circuit_state{channel="hook"} == 1)[5m:])'
+            )
+            half_open_seen = bool(probes) and float(probes[0]["value"][1]) >= 1
+            if (
+                "NotificationsProviderDown" in seen
+                and "NotificationsTerminalFailuresSpike" in seen
+                and half_open_seen
+            ):
                 break
             time.sleep(0.5)
         else:
             states = prometheus.query("notifications_retry_circuit_state")
-            pytest.fail(f"alerts firing: {seen}; circuit: {states}\n{prometheus.log()}")
+            pytest.fail(f"alerts firing: {seen}; half open: {probes}; circuit: {states}\n{prometheus.log()}")
         assert [a["channel"] for a in seen["NotificationsProviderDown"]] == ["hook"]
         assert [a["channel"] for a in seen["NotificationsTerminalFailuresSpike"]] == ["email"]
-        # The incident as described: the hook's circuit was seen half open as well as open.
-        probes = prometheus.query(
-            'count_over_time((notifications_retry_circuit_state{channel="hook"} == 1)[5m:])'
-        )
-        assert probes and float(probes[0]["value"][1]) >= 1, probes
     finally:
         prometheus.stop()
