@@ -506,7 +506,6 @@ def ring_start(now: datetime) -> uuid.UUID:
 # take.
 # --------------------------------------------------------------------------------------------------
 
-_TABLE = NotificationEntity._meta.db_table
 
 #: Lapsed leases given back per claim at most (a claim after a crash meets at most the rows that were
 #: in flight then; what is past this is given back by the next claims).
