@@ -36,8 +36,17 @@ WHERE datname = %s AND backend_type = 'client backend' AND client_port IS NOT NU
 """
 
 
-def local_ports(pid: int) -> set[int]:
-    """The local TCP ports of process ``pid``'s sockets (its end of each connection)."""
+def server_port() -> int:
+    """The PostgreSQL server's port the workers connect to."""
+    return int(connection.settings_dict.get("PORT") or 5432)
+
+
+def local_ports(pid: int, remote_port: int) -> set[int]:
+    """The local TCP ports of process ``pid``'s sockets connected to ``remote_port`` (its end of each).
+
+    Only those: Linux gives one local port number to several sockets bound for different destinations,
+    so a port of the worker's connection to the webhook receiver may equal a port of another client of
+    the database (the test's own), which a match on the number alone would count as the worker's."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -50,7 +59,7 @@ def local_ports(pid: int) -> set[int]:
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            if fields[9] in inodes:
+            if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == remote_port:
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
@@ -61,6 +70,7 @@ class ConnectionSampler(threading.Thread):
     def __init__(self, dbname: str, pids: list[int]) -> None:
         super().__init__(daemon=True)
         self.dbname, self.pids = dbname, pids
+        self.port = server_port()
         #: For each worker, how many samples saw it hold each count of connections.
         self.counts: dict[int, collections.Counter[int]] = {pid: collections.Counter() for pid in pids}
         #: Samples of the workers' connections together.
@@ -77,7 +87,7 @@ class ConnectionSampler(threading.Thread):
                     clients = {row[0] for row in cursor.fetchall()}
                 # Read after the backends: a connection opened in between is not counted, never one
                 # closed in between (its port is no longer the worker's).
-                held = {pid: len(clients & local_ports(pid)) for pid in self.pids}
+                held = {pid: len(clients & local_ports(pid, self.port)) for pid in self.pids}
                 for pid, count in held.items():
                     self.counts[pid][count] += 1
                 self.totals[sum(held.values())] += 1
