@@ -469,8 +469,8 @@ class RelayTask:
             if not self._pending.done.wait(0):
                 # Looked at again soon, then less often while a slow publisher works through its batch.
                 self._pending.polls += 1
-                return min(
-                    PUBLISH_POLL_MAX_SECONDS, PUBLISH_POLL_SECONDS * 2.0 ** min(self._pending.polls, 16)
+                return exponential_delay(
+                    self._pending.polls + 1, PUBLISH_POLL_SECONDS, PUBLISH_POLL_MAX_SECONDS
                 )
             report = self._settle()
             if report.endpoint_down:
@@ -503,10 +503,8 @@ class RelayTask:
 
     def _idle_delay(self) -> float:
         """The pause after the outbox was found drained this many looks in a row."""
-        return min(
-            max(IDLE_LOOK_MAX_SECONDS, self.relay.interval),
-            self.relay.interval * 2.0 ** min(self._drained_in_a_row - 1, 16),
-        )
+        cap = max(IDLE_LOOK_MAX_SECONDS, self.relay.interval)
+        return exponential_delay(self._drained_in_a_row, self.relay.interval, cap)
 
     def _settle(self) -> RelayReport:
         pending, self._pending = self._pending, None
