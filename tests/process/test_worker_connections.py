@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
-from notifications_retry.models import NotificationEntity, Outbox
+from notifications_retry.models import ChannelConfig, NotificationEntity, Outbox
 from tests.process.conftest import StartWorker, seed_due
 from tests.process.helpers import webhook_channel
 from tests.support.http_server import Reply, ScriptedServer
@@ -98,6 +98,26 @@ class ConnectionSampler(threading.Thread):
             conn.close()
 
 
+def drain_sampled(sampler: ConnectionSampler, channel: ChannelConfig, publisher: str) -> None:
+    """Seed the drain's rows, wait until every one is sent and its event published by ``publisher``, then
+    stop the sampler."""
+    seed_due(channel, ROWS)
+    try:
+        wait_until(
+            lambda: not NotificationEntity.objects.exclude(status="sent").exists(),
+            120,
+            message="every row sent",
+        )
+        wait_until(
+            lambda: not Outbox.objects.filter(published_at__isnull=True).exists(),
+            30,
+            message=f"every event published by {publisher}",
+        )
+    finally:
+        sampler.done.set()
+        sampler.join(10)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_draining_and_relaying_workers_hold_at_most_three_connections_each(
     start_worker: StartWorker, workers: int
@@ -114,21 +134,7 @@ def test_draining_and_relaying_workers_hold_at_most_three_connections_each(
         sampler.start()
         for worker in started:
             wait_until(lambda w=worker: "worker-tasks" in w.output(), 30, message="the worker's start")
-        seed_due(channel, ROWS)
-        try:
-            wait_until(
-                lambda: not NotificationEntity.objects.exclude(status="sent").exists(),
-                120,
-                message="every row sent",
-            )
-            wait_until(
-                lambda: not Outbox.objects.filter(published_at__isnull=True).exists(),
-                30,
-                message="every event published by the workers' relays",
-            )
-        finally:
-            sampler.done.set()
-            sampler.join(10)
+        drain_sampled(sampler, channel, "the workers' relays")
         for worker in started:
             worker.send(signal.SIGTERM)
         for worker in started:
@@ -169,21 +175,7 @@ def test_a_worker_and_outbox_relay_hold_three_and_two(start_worker: StartWorker,
         sampler = ConnectionSampler(connection.settings_dict["NAME"], [worker.pid, relay.pid])
         sampler.start()
         wait_until(lambda: "worker-tasks" in worker.output(), 30, message="the worker's start")
-        seed_due(channel, ROWS)
-        try:
-            wait_until(
-                lambda: not NotificationEntity.objects.exclude(status="sent").exists(),
-                120,
-                message="every row sent",
-            )
-            wait_until(
-                lambda: not Outbox.objects.filter(published_at__isnull=True).exists(),
-                30,
-                message="every event published by outbox_relay",
-            )
-        finally:
-            sampler.done.set()
-            sampler.join(10)
+        drain_sampled(sampler, channel, "outbox_relay")
         worker.send(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.output()[-3000:]
     finally:
