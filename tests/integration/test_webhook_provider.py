@@ -13,7 +13,7 @@ from notifications_retry.exceptions import PermanentProviderError, ProviderThrot
 from notifications_retry.providers import get_provider_class
 from notifications_retry.providers.base import ChannelSettings, OutgoingMessage
 from notifications_retry.providers.http_status import parse_retry_after
-from notifications_retry.providers.webhook import WebhookProvider
+from notifications_retry.providers.webhook import WebhookProvider, classify_response
 from tests.conftest import allow_loopback
 from tests.support.http_server import Reply, ScriptedServer
 
@@ -190,3 +190,36 @@ def test_429_retry_after_clamped_to_the_setting(webhook_server, settings):
     with pytest.raises(ProviderThrottled) as info:
         provider_for(webhook_server).send(message())
     assert info.value.retry_after == 90
+
+
+@pytest.mark.parametrize(
+    ("answer", "message_id"),
+    [
+        (b'{"id":"a1"}', "a1"),
+        (b'{"id":12}', "12"),
+        # Past 64 bits orjson would read a float: the standard library keeps the receiver's digits.
+        (b'{"id":123456789012345678901234567890}', "123456789012345678901234567890"),
+        (b'{"id":1.5}', "1.5"),
+        # orjson refuses NaN and a byte order mark; the standard library reads both.
+        (b'{"id":NaN}', "nan"),
+        (b'\xef\xbb\xbf{"id":"bom"}', "bom"),
+        (b'{"id":null}', None),
+        (b'["a1"]', None),
+        (b"not json", None),
+        (b"", None),
+        (b'{"id":"' + b"x" * 300 + b'"}', "x" * 255),
+    ],
+)
+def test_a_success_answer_gives_its_id_as_the_receiver_wrote_it(answer, message_id):
+    assert classify_response(200, {}, answer).provider_message_id == message_id
+
+
+def test_the_url_policy_is_asked_again_when_the_allowlist_changes(settings):
+    """A URL that passed is not checked again per send, until the setting (its allowlist) is replaced."""
+    provider = WebhookProvider(ChannelSettings("hook", "webhook", 2.0, 4, {"url": "http://127.0.0.1:9/x"}))
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"]}
+    provider._check_url()
+    settings.NOTIFICATIONS_RETRY = {"WEBHOOK_ALLOWED_HOSTS": []}
+    with pytest.raises(PermanentProviderError) as refused:
+        provider._check_url()
+    assert refused.value.kind == "url_refused"
