@@ -16,14 +16,14 @@ class NotificationsRetryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import (
-            checks,  # noqa: F401  (registers the checks)
-            tracking,
-        )
+        # Each module by a name of its own: ``from . import checks`` would first ask the package for an
+        # attribute ``checks``, running its lazy export of the public names (``__getattr__``) for nothing.
+        from .checks import check_settings  # noqa: F401  (importing the module registers the checks)
+        from .tracking import connect
 
         # ESP events (bounces, complaints, delivery) reach the suppression list and delivery status
         # through anymail's tracking signal, when anymail is installed.
-        tracking.connect()
+        connect()
 
     def channel_problems(self, provider_key: str, options: Mapping[str, Any]) -> list[str]:
         """What stops a channel with this provider and these options from sending; empty when it can work."""
