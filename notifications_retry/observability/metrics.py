@@ -190,7 +190,11 @@ def precreate_series(
         LOCK_HELD.labels(lane)
 
 
-def start_exporter(port: int, addr: str = "127.0.0.1", registry: Any = REGISTRY) -> int:
+#: The address the commands' metrics endpoint listens on unless ``--metrics-addr`` names another.
+EXPORTER_ADDR = "127.0.0.1"
+
+
+def start_exporter(port: int, addr: str = EXPORTER_ADDR, registry: Any = REGISTRY) -> int:
     """Serve ``/metrics`` of ``registry`` on ``addr:port`` from a daemon thread; returns the bound port.
 
     Only the worker command calls this (never ``AppConfig.ready()``): a web process already exposes the

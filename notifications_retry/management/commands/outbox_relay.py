@@ -67,8 +67,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-addr",
             type=option_types.ip_address,
-            default="127.0.0.1",
-            help="Address the metrics endpoint listens on (default 127.0.0.1).",
+            # None, not the address: argparse would run the type's check on a default given as text.
+            default=None,
+            help=f"Address the metrics endpoint listens on (default {metrics.EXPORTER_ADDR}).",
         )
         parser.add_argument(
             "--heartbeat-file",
@@ -98,7 +99,7 @@ class Command(BaseCommand):
             return
         extra = {"url": options["url"]} if options["url"] else {}
         if options["metrics_port"] is not None:
-            self._serve_metrics(options["metrics_addr"], options["metrics_port"])
+            self._serve_metrics(options["metrics_addr"] or metrics.EXPORTER_ADDR, options["metrics_port"])
         bound_connections(DEFAULT_DB_ALIAS)  # a partition must not hold the relay's connection for long
         try:
             reports = run_relay(

@@ -119,8 +119,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-addr",
             type=option_types.ip_address,
-            default="127.0.0.1",
-            help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 in a "
+            # None, not the address: argparse would run the type's check on a default given as text.
+            default=None,
+            help=f"Address the metrics endpoint listens on (default {metrics.EXPORTER_ADDR}; 0.0.0.0 in a "
             "container scraped from outside).",
         )
         parser.add_argument(
@@ -159,7 +160,7 @@ class Command(BaseCommand):
             raise CommandError("--max-age only applies to --check", returncode=2)
         port = options["metrics_port"] if options["metrics_port"] is not None else get_settings().METRICS_PORT
         if port is not None:
-            self._serve_metrics(options["metrics_addr"], port)
+            self._serve_metrics(options["metrics_addr"] or metrics.EXPORTER_ADDR, port)
         if not options["once"]:
             self._warn_about_overlap(options)
         # This process is the worker's: a partition must not hold its connections for the kernel's
