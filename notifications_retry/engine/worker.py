@@ -260,7 +260,8 @@ class Worker:
         #: This process's own heartbeat on disk, for a pod's liveness probe (observability.heartbeat_file).
         self.heartbeat = HeartbeatFile(heartbeat_file, lane=self.lane) if heartbeat_file else None
         self._stop = threading.Event()
-        self._backoff = failures.Backoff(self.interval)
+        #: The pause from one tick's start to the next, built at a loop's first pause (``--once`` has none).
+        self._backoff: failures.Backoff | None = None
         self._stop_at: float | None = None
         #: The signal that asked for a stop, until the worker's thread says so (``stop-requested``).
         self._signalled: str | None = None
@@ -342,7 +343,7 @@ class Worker:
                 # A tick never overlaps the next. After a failed tick the pause grows (capped), so a
                 # database outage is not hammered; after one that ran, the next starts when a row
                 # falls due (engine.wakeup), at the latest when the interval ends.
-                until = started + self._backoff.pause(bool(ticks[-1].error))
+                until = self._next_start(started, ticks[-1])
                 if (
                     ticks[-1].error
                     or self._sleep is not None
@@ -365,6 +366,13 @@ class Worker:
                 # own exit comes after, and takes what CPU the machine leaves it.
                 log.info("worker-stopped", after_stop_s=round(self.monotonic() - self._stop_at, 3))
         return ticks
+
+    def _next_start(self, started: float, last: TickStats) -> float:
+        """When a loop's next tick starts, the last one having started at ``started``: the interval
+        after it, or after failed ticks the backoff (engine.failures)."""
+        if self._backoff is None:
+            self._backoff = failures.Backoff(self.interval)
+        return started + self._backoff.pause(bool(last.error))
 
     def _wait_for_work(self, last: TickStats, started: float, until: float) -> bool:
         """Wait until a row falls due or ``until``; False when the database clock could not be read (the
