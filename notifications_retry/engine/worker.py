@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 import signal
 import threading
@@ -119,7 +120,8 @@ class WorkerParts:
     bookkeeping: Bookkeeping
     channels: ChannelSet
     tasks: LoopTasks
-    waiter: Waiter
+    #: Builds the wait between a loop's ticks (engine.wakeup); :attr:`waiter` is the one it built.
+    new_waiter: Callable[[], Waiter]
     #: The loop the sends run on, run by the worker's own thread whenever the tick waits.
     send_loop: SteppedLoop
     #: Each channel's key by id, for the tick under way (the reporter's labels).
@@ -133,6 +135,12 @@ class WorkerParts:
     #: The claim beside it on a backlog of inline rows, opened when one comes, closed at its tick's end.
     beside_connection: ClaimConnection | None
     dispatcher: Dispatcher
+
+    @functools.cached_property
+    def waiter(self) -> Waiter:
+        """The wait between ticks, built when a loop first waits: a single tick (``--once``) waits for
+        none, and builds none."""
+        return self.new_waiter()
 
 
 def build_parts(
@@ -156,14 +164,17 @@ def build_parts(
     #: What the loop runs besides ticks (the relay, housekeeping, the outbox gauges: the command adds
     #: them, engine.loop_tasks): after each tick, and in slices of the wait between ticks.
     tasks = LoopTasks(monotonic=monotonic, stopping=stopping)
-    waiter = Waiter(
-        tasks.around(LockConnectionPort(lock, channels=served, priorities=options.priorities)),
-        clock=clock,
-        monotonic=monotonic,
-        stopping=stopping,
-        sleep=pause,
-        log=log.bind(lane=lane),
-    )
+
+    def new_waiter() -> Waiter:
+        return Waiter(
+            tasks.around(LockConnectionPort(lock, channels=served, priorities=options.priorities)),
+            clock=clock,
+            monotonic=monotonic,
+            stopping=stopping,
+            sleep=pause,
+            log=log.bind(lane=lane),
+        )
+
     send_loop = SteppedLoop()
     keys: dict[int, str] = {}
     reporter = OutcomeReporter(keys)
@@ -211,7 +222,7 @@ def build_parts(
         bookkeeping=Bookkeeping(lane, clock, monotonic),
         channels=channels,
         tasks=tasks,
-        waiter=waiter,
+        new_waiter=new_waiter,
         send_loop=send_loop,
         keys=keys,
         reporter=reporter,
@@ -281,7 +292,8 @@ class Worker:
             pause=self._stop.wait,
         )
         self.lock, self.bookkeeping, self.channels = parts.lock, parts.bookkeeping, parts.channels
-        self.tasks, self.waiter, self._send_loop = parts.tasks, parts.waiter, parts.send_loop
+        self._parts = parts
+        self.tasks, self._send_loop = parts.tasks, parts.send_loop
         self._keys, self.reporter, self.executor = parts.keys, parts.reporter, parts.executor
         self.completer, self.dispatcher = parts.completer, parts.dispatcher
         self.claim_connection, self.beside_connection = parts.claim_connection, parts.beside_connection
@@ -289,6 +301,11 @@ class Worker:
         signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
         metrics.precreate_series([], [], [self.lane])
         self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
+
+    @property
+    def waiter(self) -> Waiter:
+        """The wait between a loop's ticks (engine.wakeup), built at its first use."""
+        return self._parts.waiter
 
     # -- lifecycle -----------------------------------------------------------------------------
 
