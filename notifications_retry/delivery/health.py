@@ -27,7 +27,6 @@ from typing import Any
 import structlog
 from django.db import transaction
 
-from notifications_retry import signals
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import Statement, Steps, json_document, run_steps
 from notifications_retry.exceptions import InvalidTransition
@@ -42,6 +41,7 @@ from notifications_retry.models import (
 from notifications_retry.rules import endpoint_health as endpoint_health
 from notifications_retry.rules.endpoint_health import DISABLED, OK, Thresholds, Transition, Window
 from notifications_retry.rules.outcomes import SENT, THROTTLED, Outcome
+from notifications_retry.signals import channel_health_changed
 
 log = structlog.get_logger("notifications_retry.health")
 
@@ -262,7 +262,7 @@ def announce(key: str, entry: ChannelHealthChange) -> None:
         attempts=entry.attempts,
         failure_ratio=entry.failure_ratio,
     )
-    signals.channel_health_changed.send(
+    channel_health_changed.send(
         sender=ChannelConfig,
         channel=key,
         state=entry.state,

@@ -28,7 +28,6 @@ import structlog
 from django.db import DatabaseError, InterfaceError, connection
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry import signals
 from notifications_retry.conf import DEFAULT_LANE, RetrySettings, get_settings, lane_channels
 from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery.session import drop_broken_connection
@@ -52,6 +51,7 @@ from notifications_retry.observability import metrics, tracing
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
 from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 from notifications_retry.runtime.clock import Clock, default_clock
+from notifications_retry.signals import channel_health_changed
 
 log = structlog.get_logger("notifications_retry.worker")
 
@@ -298,7 +298,7 @@ class Worker:
         self.completer, self.dispatcher = parts.completer, parts.dispatcher
         self.claim_connection, self.beside_connection = parts.claim_connection, parts.beside_connection
         # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
-        signals.channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
+        channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
         metrics.precreate_series([], [], [self.lane])
         self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
 
