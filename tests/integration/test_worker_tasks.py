@@ -315,6 +315,20 @@ def test_retry_worker_runs_the_tasks_its_options_ask_for(options, tasks):
 
 
 @pytest.mark.django_db
+def test_a_worker_serving_no_metrics_reads_no_outbox_gauges(settings):
+    """Gauges set in a process nothing scrapes are lost with it: no statement is spent on them."""
+    from django.core.management import call_command
+    from structlog.testing import capture_logs
+
+    settings.NOTIFICATIONS_RETRY = {"METRICS_PORT": None}
+    with capture_logs() as logs:
+        call_command("retry_worker", "--once", "--no-relay")
+    started = next(e for e in logs if e["event"] == "worker-tasks")
+    assert "outbox-gauges" not in started["tasks"]
+    assert "unreadable-times" in started["tasks"]
+
+
+@pytest.mark.django_db
 def test_a_publisher_the_settings_cannot_build_is_a_bad_option_of_retry_worker(settings):
     from django.core.management import CommandError, call_command
 

@@ -175,7 +175,7 @@ class Command(BaseCommand):
                 max_in_flight=options["max_in_flight"],
                 heartbeat_file=options["heartbeat_file"],
             )
-            self._add_tasks(worker, options)
+            self._add_tasks(worker, options, serving_metrics=port is not None)
             worker.install_signal_handlers()
             # The collector set for a long run: what is loaded by now frozen, a young generation that
             # holds the calls in flight (notifications_retry.runtime.heap).
@@ -190,9 +190,11 @@ class Command(BaseCommand):
             status = failures.EXIT_STATUS.get(ticks[-1].error_kind, 3)
             raise CommandError(ticks[-1].error, returncode=status)
 
-    def _add_tasks(self, worker: Worker, options: dict[str, Any]) -> None:
-        """What the worker's loop runs besides its ticks (engine.loop_tasks)."""
-        worker.tasks.add(OutboxGauges(worker.clock))
+    def _add_tasks(self, worker: Worker, options: dict[str, Any], *, serving_metrics: bool = True) -> None:
+        """What the worker's loop runs besides its ticks (engine.loop_tasks). ``serving_metrics``: this
+        process serves ``/metrics``; without it the outbox's gauges would be set where nothing reads them."""
+        if serving_metrics:
+            worker.tasks.add(OutboxGauges(worker.clock))
         # Every worker, elected or not: a row it can never take is set aside after its first tick.
         worker.tasks.add(UnreadableDueTimes(worker.clock))
         # Imported when used: a worker started without them loads no publisher and no housekeeping.
