@@ -8,9 +8,10 @@ asynchronous psycopg connection the send loop awaits them on, the commits' too, 
 rows one claim at a time leaves a core idle: the worker's Python and the server take turns. So once a
 claim of inline channels alone came back full, every claim has another running beside it on a second
 connection, a task of the same loop: while one waits for the server, the other's Python (reading its
-rows, settling them) runs. ``SKIP LOCKED`` keeps their rows apart. Everything runs on the worker's
-thread, so the channels' state (rate limiter, circuit, pause), the tick's stats and the reporter need no
-lock; what a claim returned is taken in by the dispatcher between the loop's steps.
+rows, settling them) runs. Django's connection, idle meanwhile, is closed: still three connections.
+``SKIP LOCKED`` keeps their rows apart. Everything runs on the worker's thread, so the channels' state
+(rate limiter, circuit, pause), the tick's stats and the reporter need no lock; what a claim returned
+is taken in by the dispatcher between the loop's steps.
 
 A claim that comes back short beside another may only have met the other's locked rows, so it never
 marks a channel exhausted: claims go back to one at a time, and a short claim alone does.
@@ -31,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from django.db import connections
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import RetrySettings
@@ -273,7 +275,17 @@ class Claims:
 
     def _connected(self, connection: ClaimConnection, bound: FilteringBoundLogger) -> bool:
         """Open ``connection`` from the loop's owner; a connect that fails leaves the claims one at a
-        time until the next tick."""
+        time until the next tick.
+
+        Django's connection is handed back first: while claims run two at a time nothing uses it (the
+        claims and their inline outcomes are the loop's), so the worker still holds three connections:
+        its lock's, the claims' and this one. Its next use opens it again: the tick's bookkeeping, or a
+        claim redone there after a failure.
+        """
+        if not connection.open:
+            django_connection = connections[connection.alias]
+            if not django_connection.in_atomic_block:
+                django_connection.close()
         try:
             connection.connect()
         except psycopg.Error as exc:

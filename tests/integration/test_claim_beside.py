@@ -105,6 +105,34 @@ def test_an_inline_backlog_is_claimed_on_two_connections_of_one_thread_and_every
 
 
 @pytest.mark.django_db(transaction=True)
+def test_while_claims_run_two_at_a_time_djangos_connection_is_handed_back(small_chunks, monkeypatch, clock):
+    """The worker's third connection is the claim beside: Django's, idle meanwhile, is closed while it
+    runs, and opened again by the tick's bookkeeping."""
+    from django.db import connection
+
+    # Whether Django's connection was open each time the worker waited for one of two claims under way
+    # (read on the worker's thread, between the loop's steps).
+    open_while_paired: list[bool] = []
+    real = claiming.Claims._take_first
+
+    def recording(self: claiming.Claims, bound: Any) -> None:
+        if len(self.under_way) == 2:
+            open_while_paired.append(connection.connection is not None)
+        real(self, bound)
+
+    monkeypatch.setattr(claiming.Claims, "_take_first", recording)
+    rows = stub_rows(clock, "bulk", 260)
+    assert connection.connection is not None  # the rows were written on it
+    with worker_of(clock) as worker:
+        [stats] = worker.run(once=True)
+        assert open_while_paired, "claims ran two at a time"
+        assert not any(open_while_paired), open_while_paired
+        assert connection.connection is not None, "the tick's bookkeeping opened Django's connection again"
+    assert stats.sent == 260 and not stats.error
+    assert_delivered_once(rows)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_paired_claims_keep_to_the_batch_size(small_chunks, claims_seen, clock):
     rows = stub_rows(clock, "bulk", 300)
     stats = one_tick(clock, batch_size=130)

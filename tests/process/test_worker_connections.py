@@ -1,6 +1,6 @@
-"""A worker holds at most three connections to PostgreSQL while it drains webhook rows and relays their
-events: its lock's (which also holds the relay's key locks and its partitions' locks), Django's, and its
-send loop's, where the claims and the commits take turns; N workers hold 3 N. Counted in
+"""A worker holds at most three connections to PostgreSQL while it drains webhook or inline rows and
+relays their events: its lock's (which also holds the relay's key locks and its partitions' locks),
+Django's, and its send loop's, where the claims and the commits take turns; N workers hold 3 N. Counted in
 ``pg_stat_activity`` every few milliseconds, each backend traced to its worker process by its client
 port."""
 
@@ -98,10 +98,12 @@ class ConnectionSampler(threading.Thread):
             conn.close()
 
 
-def drain_sampled(sampler: ConnectionSampler, channel: ChannelConfig, publisher: str) -> None:
+def drain_sampled(
+    sampler: ConnectionSampler, channel: ChannelConfig, publisher: str, rows: int = ROWS
+) -> None:
     """Seed the drain's rows, wait until every one is sent and its event published by ``publisher``, then
     stop the sampler."""
-    seed_due(channel, ROWS)
+    seed_due(channel, rows)
     try:
         wait_until(
             lambda: not NotificationEntity.objects.exclude(status="sent").exists(),
@@ -152,6 +154,27 @@ def test_draining_and_relaying_workers_hold_at_most_three_connections_each(
     for counts in sampler.counts.values():
         assert max(counts) <= MOST, counts
     assert max(sampler.totals) <= MOST * workers, sampler.totals
+
+
+def test_a_worker_draining_an_inline_backlog_holds_at_most_three_connections(
+    start_worker: StartWorker,
+) -> None:
+    """Claims run two at a time on an inline backlog: the one beside takes the place of Django's."""
+    rows = 6_000
+    channel = ChannelConfig.objects.create(key="inline", provider_key="stub", max_attempts=5)
+    worker = start_worker(["--interval", "1", "--batch-size", "5000"], {})
+    sampler = ConnectionSampler(connection.settings_dict["NAME"], [worker.pid])
+    sampler.start()
+    wait_until(lambda: "worker-tasks" in worker.output(), 30, message="the worker's start")
+    drain_sampled(sampler, channel, "the worker's relay", rows)
+    worker.send(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()[-3000:]
+    assert sampler.error is None, sampler.error
+    counts = sampler.counts[worker.pid]
+    print(f"inline drain: samples of each count of its connections: {dict(sorted(counts.items()))}")
+    assert Outbox.objects.count() == rows
+    assert sum(counts.values()) >= 10, "the drain was sampled"
+    assert max(counts) <= MOST, counts
 
 
 def test_a_worker_and_outbox_relay_hold_three_and_two(start_worker: StartWorker, tmp_path: Path) -> None:
