@@ -5,7 +5,8 @@ Both run on one direct psycopg connection (the advisory lock's, see
 a pooled session cannot LISTEN, and writers notify from their own transactions through any pooler
 (``triggers.wakeup_triggers``). The due time is read with one index probe per channel (the partial
 index on ``(channel, due_at, priority)``), however large the backlog of rows scheduled later, and one
-probe of the leases' expiries.
+probe of the leases' expiries. A worker that relays asks in the same statement whether an outbox event
+waits (one probe of the unpublished events' partial index): its relay then needs no look of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 
 from notifications_retry.database.triggers import WAKEUP_CHANNEL
-from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.models import ChannelConfig, NotificationEntity, Outbox
 
 # A leased row has no due_at (triggers.DUE_AT_RULE): the earliest lease expiry counts too, whatever
 # its channel (one probe of nr_lease_expiry_idx), so that a worker wakes when a dead worker's lease
@@ -29,7 +30,7 @@ from notifications_retry.models import ChannelConfig, NotificationEntity
 # as due now (a day's margin either side keeps any session time zone within datetime's range).
 _EARLIEST_DUE = f"""
 SELECT CASE WHEN e.due IS NOT NULL THEN LEAST(GREATEST(e.due,
-    '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END
+    '0001-01-02 00:00+00'::timestamptz), '9999-12-30 00:00+00'::timestamptz) END{{outbox}}
 FROM (SELECT LEAST((
     SELECT min(d.due_at)
     FROM {ChannelConfig._meta.db_table} c
@@ -45,6 +46,9 @@ FROM (SELECT LEAST((
     WHERE l.claim_expires_at IS NOT NULL {{leases}}
 )) AS due) e
 """
+
+#: The unpublished events' partial index, probed for one row (as ``outbox.relay.Relay.waiting``).
+_OUTBOX_WAITING = f", EXISTS (SELECT 1 FROM {Outbox._meta.db_table} o WHERE o.published_at IS NULL)"
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:
@@ -63,6 +67,19 @@ def earliest_due(
     (None: all), at one of ``priorities`` (None: any), or the earliest lease expiry if sooner; None
     when no such row is due at all. A time beyond what Python's datetime holds reads as 9999-12-30,
     one before it as 0001-01-02."""
+    return next_due(conn, after=after, channels=channels, priorities=priorities, outbox=False)[0]
+
+
+def next_due(
+    conn: psycopg.Connection[Any],
+    *,
+    after: datetime | None,
+    channels: Collection[str] | None,
+    priorities: Sequence[int] | None,
+    outbox: bool,
+) -> tuple[datetime | None, bool | None]:
+    """:func:`earliest_due`, and (``outbox``) whether an outbox event waits to be published, in one
+    statement; None in its place when not asked."""
     # Conditions only when given: each variant keeps its own plan, an index range where it can.
     rows = ("AND t.due_at > %(after)s " if after is not None else "") + (
         "AND t.priority = ANY(%(priorities)s)" if priorities else ""
@@ -71,10 +88,13 @@ def earliest_due(
         rows=rows,
         channels="AND c.key = ANY(%(keys)s)" if channels is not None else "",
         leases="AND l.claim_expires_at > %(after)s" if after is not None else "",
+        outbox=_OUTBOX_WAITING if outbox else "",
     )
     params = {"after": after, "priorities": list(priorities or []), "keys": sorted(channels or [])}
     row = conn.execute(sql, params).fetchone()
-    return row[0] if row is not None else None
+    if row is None:
+        return None, (False if outbox else None)
+    return row[0], (bool(row[1]) if outbox else None)
 
 
 def notified(conn: psycopg.Connection[Any], seconds: float) -> bool:
@@ -88,4 +108,4 @@ def notified(conn: psycopg.Connection[Any], seconds: float) -> bool:
     return got
 
 
-__all__ = ["earliest_due", "listen", "notified"]
+__all__ = ["earliest_due", "listen", "next_due", "notified"]

@@ -123,6 +123,23 @@ class LoopTasks:
             if entry.task.name == name and entry.failures == 0:
                 entry.due = min(entry.due, now)
 
+    @property
+    def watch_outbox(self) -> bool:
+        """Whether a task looks at the outbox when idle (the relay): the wait's poll can look for it."""
+        return any(getattr(entry.task, "outbox_seen", None) is not None for entry in self._entries)
+
+    def outbox_seen(self, waiting: bool) -> None:
+        """The wait's poll looked at the outbox (``waiting``: an event waits to be published): each task
+        that looks at it too says when its next turn is now (engine.wakeup's ``on_outbox``)."""
+        now = self.monotonic()
+        for entry in self._entries:
+            seen = getattr(entry.task, "outbox_seen", None)
+            if seen is None or entry.failures:  # a failing task keeps its backoff
+                continue
+            delay = seen(waiting)
+            if delay is not None:
+                entry.due = now + delay
+
     def stop(self) -> None:
         """The worker was asked to stop: tasks that can cut their work short (the relay's publishing) do."""
         for entry in self._entries:

@@ -240,14 +240,24 @@ def reopens_at(pauses: Sequence[float], now: float) -> float:
 
 class LockConnectionPort:
     """The :class:`WakeupPort` on the advisory lock's direct connection, LISTENing from first use
-    (again after a reconnection)."""
+    (again after a reconnection).
+
+    ``on_outbox``: each question also asks whether an outbox event waits, and tells this callable (the
+    worker's relay, engine.loop_tasks): the wait's poll is its look at the outbox, in the same statement.
+    """
 
     def __init__(
-        self, lock: AdvisoryLock, *, channels: Collection[str] | None, priorities: Sequence[int] | None
+        self,
+        lock: AdvisoryLock,
+        *,
+        channels: Collection[str] | None,
+        priorities: Sequence[int] | None,
+        on_outbox: Callable[[bool], None] | None = None,
     ) -> None:
         self.lock = lock
         self.channels = channels
         self.priorities = priorities
+        self.on_outbox = on_outbox
         self._listening: Any = None
 
     def _conn(self) -> psycopg.Connection[Any]:
@@ -260,7 +270,16 @@ class LockConnectionPort:
     def earliest_due(self, after: datetime | None) -> datetime | None:
         conn = self._conn()
         wakeup.notified(conn, 0.0)  # what came before this question is answered by it
-        return wakeup.earliest_due(conn, after=after, channels=self.channels, priorities=self.priorities)
+        due, waiting = wakeup.next_due(
+            conn,
+            after=after,
+            channels=self.channels,
+            priorities=self.priorities,
+            outbox=self.on_outbox is not None,
+        )
+        if self.on_outbox is not None and waiting is not None:
+            self.on_outbox(waiting)
+        return due
 
     def notified(self, seconds: float) -> bool:
         return wakeup.notified(self._conn(), seconds)

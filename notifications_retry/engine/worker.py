@@ -167,7 +167,16 @@ def build_parts(
 
     def new_waiter() -> Waiter:
         return Waiter(
-            tasks.around(LockConnectionPort(lock, channels=served, priorities=options.priorities)),
+            tasks.around(
+                LockConnectionPort(
+                    lock,
+                    channels=served,
+                    priorities=options.priorities,
+                    # Built at the loop's first wait, once the command added its tasks: a relaying
+                    # worker's poll looks at the outbox for its relay, in the same statement.
+                    on_outbox=tasks.outbox_seen if tasks.watch_outbox else None,
+                )
+            ),
             clock=clock,
             monotonic=monotonic,
             stopping=stopping,

@@ -445,7 +445,8 @@ class RelayTask:
     about ``interval`` (less while events keep coming) plus, during a drain, the tick in progress.
     While the publisher is down, batches back off (doubling from ``interval`` up to ``max_backoff``).
     Once the outbox is drained it looks less often (up to :data:`IDLE_LOOK_MAX_SECONDS`, a probe a
-    look) until a tick that settled rows has it look at once.
+    look) until a tick that settled rows has it look at once; while the worker waits between ticks, the
+    wait's poll looks for it (:meth:`outbox_seen`), in the statement that asks when a row falls due.
     """
 
     name = "relay"
@@ -500,6 +501,19 @@ class RelayTask:
         self._drained_in_a_row = 0
         self._pending = _Publishing(self.relay, rows, report)
         return PUBLISH_POLL_SECONDS
+
+    def outbox_seen(self, waiting: bool) -> float | None:
+        """The worker's wait looked at the outbox for this task (its poll, engine.wakeup): seconds until
+        this task's next turn, or None when the look changes nothing (a batch in flight, a publisher
+        backing off, events still being taken). A drained outbox counts as this task's own look (it
+        looks no more itself while the worker waits); an event waiting makes it take at once."""
+        if self._pending is not None or self._down_in_a_row or not self._drained_in_a_row:
+            return None
+        if waiting:
+            self._drained_in_a_row = 0  # straight to a take: the probe was just made
+            return 0.0
+        self._drained_in_a_row += 1
+        return self._idle_delay()
 
     def _idle_delay(self) -> float:
         """The pause after the outbox was found drained this many looks in a row."""

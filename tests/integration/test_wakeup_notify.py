@@ -174,3 +174,23 @@ def test_a_bulk_insert_wakes_once_per_statement_and_only_with_a_due_row(lock: Ad
             "SELECT tgtype & 1 FROM pg_trigger WHERE tgname LIKE 'pgtrigger_nr_wakeup_on_insert_%'"
         )
         assert cursor.fetchone() == (0,)  # bit 0 clear: FOR EACH STATEMENT
+
+
+def test_a_relaying_worker_s_poll_also_tells_whether_an_outbox_event_waits(lock: AdvisoryLock) -> None:
+    """One statement answers both: when the next row falls due, and whether the relay has work."""
+    from notifications_retry.models import Outbox
+
+    seen: list[bool] = []
+    port = LockConnectionPort(lock, channels=None, priorities=None, on_outbox=seen.append)
+    assert port.earliest_due(None) is None and seen == [False]
+    channel = ChannelFactory(key="app")
+    row = NotificationFactory(channel=channel)
+    api.cancel_notification(row.pk, actor="shop")  # writes an outbox event, and no row falls due
+    assert Outbox.objects.filter(published_at__isnull=True).exists()
+    assert port.earliest_due(None) is None and seen == [False, True]
+    Outbox.objects.update(published_at=timezone.now())
+    send_at = timezone.now() + timedelta(seconds=30)
+    api.schedule_notification(channel=channel, recipient="a@example.com", send_at=send_at)
+    assert port.earliest_due(None) == send_at and seen == [False, True, False]
+    # Without a relay to tell, the poll asks about rows alone, as before.
+    assert listening(lock).earliest_due(None) == send_at

@@ -224,3 +224,76 @@ def test_a_drained_outbox_is_looked_at_less_and_less_often_with_a_probe_a_look()
     assert relay.takes == 1 and relay.probes == 5  # one transaction, then one index probe a look
     relay.events = True  # an event was written elsewhere: the next look takes it
     assert task.run(0.5) == 1.0 and relay.takes == 2  # (the fake takes nothing: drained again)
+
+
+def test_while_the_worker_waits_its_poll_looks_at_the_outbox_for_the_relay():
+    from notifications_retry.outbox.relay import IDLE_LOOK_MAX_SECONDS, RelayTask
+
+    relay = DrainedRelay()
+    task = RelayTask(relay)  # type: ignore[arg-type]
+    assert task.outbox_seen(False) is None  # never drained yet: its own first turn takes
+    assert task.run(0.5) == 1.0 and relay.takes == 1
+    # A drained outbox seen by the poll counts as the relay's own look: it postpones it, growing.
+    assert [task.outbox_seen(False) for _ in range(4)] == [
+        2.0,
+        4.0,
+        IDLE_LOOK_MAX_SECONDS,
+        IDLE_LOOK_MAX_SECONDS,
+    ]
+    assert relay.probes == 0, "the relay made no look of its own"
+    # An event waits: the relay is due now, and its turn takes at once, with no probe of its own.
+    relay.events = True
+    assert task.outbox_seen(True) == 0.0
+    task.run(0.5)
+    assert relay.takes == 2 and relay.probes == 0
+
+
+def test_a_relay_publishing_or_backing_off_keeps_its_own_schedule():
+    import threading
+    from types import SimpleNamespace
+
+    from notifications_retry.outbox.relay import RelayTask
+
+    task = RelayTask(DrainedRelay())  # type: ignore[arg-type]
+    task._drained_in_a_row = 3
+    task._pending = SimpleNamespace(done=threading.Event(), polls=0)  # type: ignore[assignment]
+    assert task.outbox_seen(True) is None and task.outbox_seen(False) is None
+    task._pending, task._down_in_a_row = None, 2
+    assert task.outbox_seen(True) is None
+
+
+class WatchingTask(Task):
+    """A task that looks at the outbox too: says ``delay`` when the wait's poll did."""
+
+    def __init__(self, name: str, time: FakeTime, seen_delay: float | None) -> None:
+        super().__init__(name, time)
+        self.seen_delay = seen_delay
+        self.seen: list[bool] = []
+
+    def outbox_seen(self, waiting: bool) -> float | None:
+        self.seen.append(waiting)
+        return self.seen_delay
+
+
+def test_the_poll_s_look_at_the_outbox_reschedules_the_tasks_that_watch_it():
+    time = FakeTime()
+    tasks = LoopTasks(monotonic=time, stopping=lambda: False)
+    plain = Task("other", time)
+    tasks.add(plain)
+    assert not tasks.watch_outbox
+    relay, unchanged = WatchingTask("relay", time, 0.0), WatchingTask("quiet", time, None)
+    tasks.add(relay)
+    tasks.add(unchanged)
+    assert tasks.watch_outbox
+    tasks.run_due()
+    before = tasks._entries[2].due
+    time.now = 100.5
+    tasks.outbox_seen(True)
+    assert relay.seen == [True] and unchanged.seen == [True]
+    assert tasks._entries[1].due == 100.5 and tasks._entries[2].due == before
+    relay.raises = RuntimeError("down")
+    time.now = 101.0
+    tasks.run_due()
+    backing_off = tasks._entries[1].due
+    tasks.outbox_seen(True)
+    assert tasks._entries[1].due == backing_off, "a failing task keeps its backoff"
