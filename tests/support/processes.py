@@ -123,6 +123,20 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def fresh_interpreter(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter on the test settings (nothing imported yet)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nobody listens on now."""
     with socket.socket() as s:

@@ -4,14 +4,9 @@ the public API's import hook)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import fresh_interpreter
 
 PROBE = """
 import notifications_retry
@@ -35,13 +30,4 @@ print(check_settings in registry.registry.registered_checks, on_tracking in rece
 
 def test_ready_registers_the_checks_and_connects_the_receiver_without_the_lazy_exports() -> None:
     pytest.importorskip("anymail")
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["[]", "True True"]
+    assert fresh_interpreter(PROBE).split("\n")[:2] == ["[]", "True True"]

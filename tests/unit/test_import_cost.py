@@ -4,12 +4,7 @@ when it is built, so that its first send does not stall the worker's loop."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import fresh_interpreter
 
 HTTP_LIBRARIES = ("aiohttp", "httpx")
 
@@ -26,22 +21,8 @@ print(sorted(m for m in {libraries!r} if m in sys.modules))
 """
 
 
-def run_probe(code: str) -> str:
-    """What ``code`` prints in a fresh interpreter on the test settings (a fresh ``sys.modules``)."""
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_the_app_imports_no_http_client_until_a_webhook_provider_is_built() -> None:
-    before, after = run_probe(PROBE.format(libraries=HTTP_LIBRARIES)).split("\n")[:2]
+    before, after = fresh_interpreter(PROBE.format(libraries=HTTP_LIBRARIES)).split("\n")[:2]
     assert before == "[]"
     assert after == str(sorted(HTTP_LIBRARIES))
 
@@ -58,4 +39,4 @@ print("django.test" in sys.modules)
 
 def test_the_worker_command_imports_no_test_utilities() -> None:
     """The command silences one check itself: ``override_settings`` would import ``django.test``."""
-    assert run_probe(COMMAND_PROBE).strip() == "False"
+    assert fresh_interpreter(COMMAND_PROBE).strip() == "False"
