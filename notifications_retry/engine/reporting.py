@@ -267,11 +267,18 @@ class Bookkeeping:
         if completed_at is not None:
             values["last_tick_completed_at"] = completed_at
             values["last_tick_stats"] = tick_stats or {}
-        # update_or_create locks the lane's row: bounded like the worker's other transactions, so a
-        # partition that strands it cannot hold that lock longer than TRANSACTION_TIMEOUT_SECONDS.
+        # One upsert (INSERT … ON CONFLICT DO UPDATE) rather than update_or_create's savepoint, locking
+        # read and update: twice a tick, three statements fewer each. It locks the lane's row, so it is
+        # bounded like the worker's other transactions: a partition that strands it cannot hold that
+        # lock longer than TRANSACTION_TIMEOUT_SECONDS.
         with transaction.atomic(), connection.cursor() as cursor:
             bound_transaction(cursor)
-            WorkerHeartbeat.objects.update_or_create(lane=self.lane, defaults=values)
+            WorkerHeartbeat.objects.bulk_create(
+                [WorkerHeartbeat(lane=self.lane, **values)],
+                update_conflicts=True,
+                unique_fields=["lane"],
+                update_fields=list(values),
+            )
 
 
 def log_cycle(stats: TickStats, bound: FilteringBoundLogger) -> None:

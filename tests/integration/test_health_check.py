@@ -155,9 +155,9 @@ def test_probe_fails_when_the_database_cannot_be_read():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_heartbeat_write_is_bounded_like_the_workers_other_transactions(clock, monkeypatch):
-    # update_or_create locks the lane's row: a partition that strands it must not hold that lock for long.
+    # The upsert locks the lane's row: a partition that strands it must not hold that lock for long.
     seen: list[tuple[str, str]] = []
-    real = WorkerHeartbeat.objects.update_or_create
+    real = WorkerHeartbeat.objects.bulk_create
 
     def recording(*args, **kwargs):
         with connection.cursor() as cursor:
@@ -168,7 +168,7 @@ def test_the_heartbeat_write_is_bounded_like_the_workers_other_transactions(cloc
             seen.append(cursor.fetchone())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(WorkerHeartbeat.objects, "update_or_create", recording)
+    monkeypatch.setattr(WorkerHeartbeat.objects, "bulk_create", recording)
     worker = Worker(batch_size=10, max_duration=5, clock=clock)
     try:
         worker.run(once=True)

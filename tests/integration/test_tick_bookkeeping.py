@@ -81,3 +81,31 @@ def test_a_tick_is_published_as_completed_after_its_backlog_is_counted(clock, mo
     finally:
         worker.close()
     assert seen == [3]
+
+
+def test_the_heartbeat_is_one_upsert_that_keeps_what_it_does_not_write(clock):
+    """A tick's start writes its time and keeps the last completed tick's; a new lane's row is made."""
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from notifications_retry.engine.reporting import Bookkeeping
+
+    bookkeeping = Bookkeeping("fresh", clock, Monotonic())
+    earlier = clock.now() - timedelta(minutes=1)
+    with CaptureQueriesContext(connection) as first:
+        bookkeeping.tick_started(earlier)
+    row = WorkerHeartbeat.objects.get(lane="fresh")
+    assert (row.last_tick_started_at, row.last_tick_completed_at, row.last_tick_stats) == (earlier, None, {})
+    WorkerHeartbeat.objects.filter(lane="fresh").update(
+        last_tick_completed_at=earlier, last_tick_stats={"sent": 3}
+    )
+    with CaptureQueriesContext(connection) as again:
+        bookkeeping.tick_started(clock.now())
+    row = WorkerHeartbeat.objects.get(lane="fresh")
+    assert row.last_tick_started_at == clock.now()
+    assert (row.last_tick_completed_at, row.last_tick_stats) == (earlier, {"sent": 3})
+    for captured in (first, again):
+        touching = [q["sql"] for q in captured.captured_queries if "workerheartbeat" in q["sql"]]
+        assert len(touching) == 1 and "ON CONFLICT" in touching[0], touching
