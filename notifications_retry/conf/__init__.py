@@ -214,7 +214,7 @@ class RetrySettings:
     LOCK_DATABASE_POOLED: bool = False
     LEASE_GRACE_SECONDS: float = 30.0
     CLOCK: str = "database"
-    # A call holds its place until its outcome is committed (engine.in_flight): about a batch delay and a
+    # A call holds its place until its outcome is committed (engine.flow_control): about a batch delay and a
     # commit after it ends. Room for a channel at max_concurrency 128 and its outcomes in that window.
     WORKER_MAX_IN_FLIGHT: int = 512
     PARTITIONS: int = 1

@@ -78,7 +78,7 @@ class ChannelRuntime:
     ) -> None:
         self.config = config
         self.provider = provider
-        #: The worker's cap on calls in flight, shared by all its channels (engine.in_flight).
+        #: The worker's cap on calls in flight, shared by all its channels (engine.flow_control).
         self.cap = cap if cap is not None else InFlightCap(None)
         #: The lane's part of the channel's limits; this worker's part is ``share`` of it (:meth:`set_share`).
         self.lane_concurrency, self.lane_rate, self.lane_part = max_concurrency, rate_limit, lane_part

@@ -8,11 +8,12 @@ dropped: the outcomes stay here and are committed, with backoff, once it is back
 makes a late commit safe (a row another worker took over refuses it as stale); a worker about to
 exit drops, and logs, the outcomes whose lease ran out (:meth:`Completer.drop_expired`).
 
-With a worker's own cap on calls in flight (engine.in_flight), an outcome keeps its call's slot
-until it leaves the completer, and a send waiting for such a slot makes the commit start at once.
+With a worker's own cap on calls in flight (engine.flow_control's ``InFlightCap``), an outcome keeps
+its call's slot until it leaves the completer, and a send waiting for such a slot makes the commit
+start at once.
 
 A running worker applies the same rule on its send loop, on a connection of its own
-(engine.loop_completer), beside its claims. The worker's thread uses either through the same calls
+(:class:`LoopCompleter`), beside its claims. The worker's thread uses either through the same calls
 (``add``, ``due``, ``commit``, ``wait_hint``, ``wait``, ``deliver``), so the dispatcher does not know
 which one it has.
 """
@@ -57,7 +58,7 @@ Committer = Callable[[list[Outcome], datetime], FinalizeReport]
 
 
 class HeldSlots(Protocol):
-    """The worker's cap on calls in flight (engine.in_flight.InFlightCap), as the completer sees it."""
+    """The worker's cap on calls in flight (engine.flow_control.InFlightCap), as the completer sees it."""
 
     @property
     def waiting_for_commit(self) -> bool: ...
@@ -89,7 +90,7 @@ class Completer:
     Inline, it runs on the worker's own thread: the scheduling loop asks :meth:`due` and
     :meth:`wait_hint` between its other steps, so sends in flight never wait for a commit, and a
     commit never waits longer than ``max_delay`` for more outcomes. The worker runs the same rule on
-    its send loop and a connection of its own (engine.loop_completer) unless it runs inside a
+    its send loop and a connection of its own (:class:`LoopCompleter`) unless it runs inside a
     transaction (a test's), where only its own connection sees the rows.
     """
 

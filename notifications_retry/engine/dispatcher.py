@@ -1,7 +1,7 @@
 """The dispatcher: one tick's scheduling loop — claim what can start soon, start sends, hand outcomes on.
 
 One thread owns the tick: the worker's. It claims (engine.claiming), runs inline providers, and hands
-outcomes to the completer (engine.loop_completer commits them on a connection of its own). The other
+outcomes to the completer (its ``LoopCompleter`` commits them on a connection of its own). The other
 providers' calls, the claims and the commits are tasks of the worker's send loop (``SteppedLoop``),
 which this thread runs whenever it waits. A finished call feeds its channel's flow control and starts
 the channel's next queued record itself, within that step; its outcome is handed over in
@@ -87,7 +87,7 @@ class Dispatcher:
         cap: InFlightCap | None = None,
     ) -> None:
         self.conf = conf
-        #: The worker's cap on calls in flight, shared by its channel runtimes (engine.in_flight).
+        #: The worker's cap on calls in flight, shared by its channel runtimes (engine.flow_control).
         self.cap = cap if cap is not None else InFlightCap(None)
         #: Claims and releases go through this port (a fake one in unit tests); commits, the completer's.
         self.db = db
@@ -279,7 +279,7 @@ class Dispatcher:
         return self._send_inline(rt, record, out)
 
     def _may_send(self, at: float | None = None) -> bool:
-        """Whether a new provider call may start: no stop asked, the cycle still ours (engine.ownership)."""
+        """Whether a new provider call may start: no stop asked, the cycle still ours (engine.partitions)."""
         return not self.stopping() and self.ownership is not None and self.ownership.may_send(at)
 
     def _stop(self, rt: ChannelRuntime, why: str) -> None:
@@ -426,7 +426,7 @@ class Dispatcher:
             self._hand_over(Finished(self._outcome(rt, outcome, probe), returns))
             # This call no longer counts against the channel's concurrency: at full concurrency the
             # next record would otherwise wait for the dispatcher's next pass to start it. Against
-            # the worker's own cap it counts until its outcome is committed (engine.in_flight).
+            # the worker's own cap it counts until its outcome is committed (engine.flow_control).
             rt.inflight -= 1
             rt.cap.hold(record.id_text)
             next_record = rt.next_startable(self.monotonic()) if rt.queue and self._may_send() else None
@@ -456,7 +456,7 @@ class Dispatcher:
         if not self.done and timeout > 0:
             self.send_loop().wait(timeout)
             # No batching while the worker's cap is full of outcomes waiting for their commit: the
-            # delay would hold every slot back (engine.in_flight).
+            # delay would hold every slot back (engine.flow_control).
             if self.done and batch_delay > 0 and not self.cap.waiting_for_commit:
                 self.send_loop().pause(batch_delay)
         if not self.done:

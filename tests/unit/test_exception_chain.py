@@ -1,4 +1,4 @@
-"""exception_chain: the one walk over an error's causes, and the one line it is quoted by."""
+"""notifications_retry.exceptions: the one walk over an error's causes, and the one line it is quoted by."""
 
 from __future__ import annotations
 
