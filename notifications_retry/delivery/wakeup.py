@@ -56,20 +56,6 @@ def listen(conn: psycopg.Connection[Any]) -> None:
     conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
 
 
-def earliest_due(
-    conn: psycopg.Connection[Any],
-    *,
-    after: datetime | None,
-    channels: Collection[str] | None,
-    priorities: Sequence[int] | None,
-) -> datetime | None:
-    """The earliest ``due_at`` (later than ``after``, if given) of an enabled channel among ``channels``
-    (None: all), at one of ``priorities`` (None: any), or the earliest lease expiry if sooner; None
-    when no such row is due at all. A time beyond what Python's datetime holds reads as 9999-12-30,
-    one before it as 0001-01-02."""
-    return next_due(conn, after=after, channels=channels, priorities=priorities, outbox=False)[0]
-
-
 def next_due(
     conn: psycopg.Connection[Any],
     *,
@@ -77,9 +63,12 @@ def next_due(
     channels: Collection[str] | None,
     priorities: Sequence[int] | None,
     outbox: bool,
-) -> tuple[datetime | None, bool | None]:
-    """:func:`earliest_due`, and (``outbox``) whether an outbox event waits to be published, in one
-    statement; None in its place when not asked."""
+) -> tuple[datetime | None, bool]:
+    """The earliest ``due_at`` (later than ``after``, if given) of an enabled channel among ``channels``
+    (None: all), at one of ``priorities`` (None: any), or the earliest lease expiry if sooner; None
+    when no such row is due at all. A time beyond what Python's datetime holds reads as 9999-12-30,
+    one before it as 0001-01-02. Beside it, in the same statement, whether an outbox event waits to be
+    published (``outbox``; False when not asked)."""
     # Conditions only when given: each variant keeps its own plan, an index range where it can.
     rows = ("AND t.due_at > %(after)s " if after is not None else "") + (
         "AND t.priority = ANY(%(priorities)s)" if priorities else ""
@@ -93,8 +82,8 @@ def next_due(
     params = {"after": after, "priorities": list(priorities or []), "keys": sorted(channels or [])}
     row = conn.execute(sql, params).fetchone()
     if row is None:
-        return None, (False if outbox else None)
-    return row[0], (bool(row[1]) if outbox else None)
+        return None, False
+    return row[0], bool(outbox and row[1])
 
 
 def notified(conn: psycopg.Connection[Any], seconds: float) -> bool:
@@ -108,4 +97,4 @@ def notified(conn: psycopg.Connection[Any], seconds: float) -> bool:
     return got
 
 
-__all__ = ["earliest_due", "listen", "next_due", "notified"]
+__all__ = ["listen", "next_due", "notified"]

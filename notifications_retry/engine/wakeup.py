@@ -277,7 +277,7 @@ class LockConnectionPort:
             priorities=self.priorities,
             outbox=self.on_outbox is not None,
         )
-        if self.on_outbox is not None and waiting is not None:
+        if self.on_outbox is not None:
             self.on_outbox(waiting)
         return due
 

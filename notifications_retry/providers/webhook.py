@@ -108,10 +108,9 @@ class WebhookProvider(Provider):
         self.wall_clock = wall_clock
         self.timeout = float(channel.timeout_seconds)
         self.max_connections = max(1, int(channel.max_concurrency))
-        # The allowlist the last policy check read; the connect-time guard uses the same one.
-        self._allowed: tuple[str, ...] = ()
-        # The allowlist this URL last passed the policy with: the same object again needs no check.
-        self._passed: tuple[str, ...] | None = None
+        # The allowlist this URL last passed the policy with (None: not checked yet): the same object
+        # again needs no check, and the connect-time guard uses the same one.
+        self._allowed: tuple[str, ...] | None = None
         # Created on the first asynchronous send, on the loop that sends (the worker's); its libraries
         # are imported now, when the worker loads the channel, not inside that first send.
         self._client: HttpClient | None = None
@@ -190,17 +189,17 @@ class WebhookProvider(Provider):
     def _check_url(self) -> None:
         """The URL policy, on every send: a channel made in code is held to it as the admin's are."""
         allowed = _allowed_hosts()
-        if allowed is self._passed:
+        if allowed is self._allowed:
             return
         problems = url_policy.webhook_url_problems(self.url, allowed_hosts=allowed)
         if problems:
             raise PermanentProviderError(f"webhook URL refused: {'; '.join(problems)}", kind="url_refused")
-        self._allowed = self._passed = allowed
+        self._allowed = allowed
 
     def _guard(self, address: str) -> str | None:
         """The connect-time half of the policy, on the address a new connection goes to."""
         host = urlsplit(self.url).hostname or ""
-        return url_policy.address_problem(address, host, self._allowed)
+        return url_policy.address_problem(address, host, self._allowed or ())
 
     def _new_client(self, max_connections: int) -> HttpClient:
         # The options' headers, minus those the provider sets per message, go on every request.
