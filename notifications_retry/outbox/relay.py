@@ -81,8 +81,8 @@ PUBLISH_POLL_MAX_SECONDS = 0.5
 #: In ``retry_worker``, once the outbox is drained: the relay looks again after its interval, then less
 #: often (doubling up to this) with one index probe a look. A tick that settled rows has it look at
 #: once (:meth:`LoopTasks.nudge <notifications_retry.engine.loop_tasks.LoopTasks.nudge>`), so the worker's
-#: own events go out promptly; an event written elsewhere while the worker idles waits at most this
-#: long. An idle worker then runs less than a statement a second.
+#: own events go out promptly. While the worker waits between ticks, its poll looks instead
+#: (:meth:`RelayTask.outbox_seen`), so these looks are the busy worker's.
 IDLE_LOOK_MAX_SECONDS = 5.0
 #: How long a stopping worker waits for its relay's batch in flight (which ends after the event in hand)
 #: before it gives up marking it; and how long the batch taken after ``--once``'s tick has to finish.
