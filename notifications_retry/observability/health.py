@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from typing import Any
 
+from django.db import connections
 from django.db.models import Count, DateTimeField, Min, Value
 from django.db.models.functions import Greatest
 
@@ -61,16 +63,33 @@ def status_breakdown(now: datetime) -> list[StatusRow]:
 
 def backlog(now: datetime) -> Backlog:
     """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row. A lapsed
-    lease no claim gave back yet (its worker died) counts as due since its expiry."""
-    due = NotificationEntity.objects.due(now).aggregate(count=Count("pk"), oldest=_oldest("due_at"))
-    lapsed = NotificationEntity.objects.lapsed(now).aggregate(
-        count=Count("pk"), oldest=_oldest("claim_expires_at")
-    )
-    oldest = min((g["oldest"] for g in (due, lapsed) if g["count"]), default=None)
+    lease no claim gave back yet (its worker died) counts as due since its expiry.
+
+    One statement: each figure is its own aggregate over the model's query (each on its own index),
+    joined as one row. A worker counts it with its heartbeat, idle or not, and four round trips were
+    three statements more each time."""
+    objects = NotificationEntity.objects
+    parts = [
+        (objects.due(now), "due_at"),
+        (objects.lapsed(now), "claim_expires_at"),
+        (objects.failed_backlog(), None),
+        (objects.unresolved_dead_letters(), None),
+    ]
+    selects: list[str] = []
+    params: list[Any] = []
+    for number, (rows, oldest) in enumerate(parts):
+        sql, sql_params = rows.order_by().values(oldest or "pk").query.sql_with_params()
+        figures = "count(*)" if oldest is None else f"count(*), greatest(min({oldest}), %s)"
+        selects.append(f"(SELECT {figures} FROM ({sql}) AS part) AS p{number}")
+        params.extend(sql_params if oldest is None else [EARLIEST_READABLE, *sql_params])
+    with connections[objects.db].cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {', '.join(selects)}", params)
+        due, due_oldest, lapsed, lapsed_oldest, failed, dead_letters = cursor.fetchone()
+    oldest = min((at for count, at in ((due, due_oldest), (lapsed, lapsed_oldest)) if count), default=None)
     return Backlog(
-        due=due["count"] + lapsed["count"],
-        failed_backlog=NotificationEntity.objects.failed_backlog().count(),
-        dead_letters_unresolved=NotificationEntity.objects.unresolved_dead_letters().count(),
+        due=due + lapsed,
+        failed_backlog=failed,
+        dead_letters_unresolved=dead_letters,
         oldest_due_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
     )
 

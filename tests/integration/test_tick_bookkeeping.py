@@ -109,3 +109,39 @@ def test_the_heartbeat_is_one_upsert_that_keeps_what_it_does_not_write(clock):
     for captured in (first, again):
         touching = [q["sql"] for q in captured.captured_queries if "workerheartbeat" in q["sql"]]
         assert len(touching) == 1 and "ON CONFLICT" in touching[0], touching
+
+
+def test_the_backlog_is_counted_in_one_statement_by_the_models_own_rules(clock):
+    """Each figure agrees with the query that defines it (due, lapsed, failed, unresolved dead letters),
+    and all of them come back from one round trip."""
+    import uuid
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from notifications_retry.models import NotificationEntity
+    from notifications_retry.observability.health import backlog
+
+    channel = ChannelFactory(key="stub", provider_key="stub")
+    now = clock.now()
+    due_notifications(clock, channel, 3)
+    leased = due_notifications(clock, channel, 2)
+    NotificationEntity.objects.filter(pk__in=[r.pk for r in leased]).update(
+        claim_token=uuid.uuid4(), claim_expires_at=now - timedelta(minutes=7)
+    )
+    failed = due_notifications(clock, channel, 4)
+    NotificationEntity.objects.filter(pk__in=[r.pk for r in failed]).update(
+        status=NotificationEntity.Status.FAILED, attempts=1, next_attempt_at=now + timedelta(hours=1)
+    )
+    NotificationEntity.objects.filter(pk=failed[0].pk).update(dead_lettered_at=now)
+    NotificationEntity.objects.filter(pk=failed[1].pk).update(dead_lettered_at=now, resolution="discarded")
+    objects = NotificationEntity.objects
+    with CaptureQueriesContext(connection) as captured:
+        figures = backlog(now)
+    assert len(captured.captured_queries) == 1
+    assert figures.due == objects.due(now).count() + objects.lapsed(now).count() == 5
+    assert figures.failed_backlog == objects.failed_backlog().count() == 7  # the due rows are retries too
+    assert figures.dead_letters_unresolved == objects.unresolved_dead_letters().count() == 1
+    # The oldest due row is a lapsed lease: due since its expiry, seven minutes ago.
+    assert figures.oldest_due_age_seconds == pytest.approx(7 * 60, abs=1)
