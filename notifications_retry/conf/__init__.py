@@ -179,7 +179,7 @@ REMOVED_KEYS: dict[str, str] = {
         where="housekeeping.BACKLOG_SAMPLE_RETENTION_HOURS; notifications_housekeeping --sample-hours",
     ),
     "THROTTLE_DEFAULT_SECONDS": _CONSTANT.format(
-        value="60 s", where="engine.feedback.THROTTLE_DEFAULT_SECONDS"
+        value="60 s", where="engine.flow_control.THROTTLE_DEFAULT_SECONDS"
     ),
     "LOCK_IDLE_SESSION_TIMEOUT_SECONDS": _CONSTANT.format(
         value="90 s", where="database.locks.LOCK_IDLE_SESSION_TIMEOUT_SECONDS"

@@ -17,8 +17,6 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
 - ``.give_back``: claimed records given back unsent (a stop, a lost lock, an open circuit, a
   throttle's pause), their attempt with them.
-- ``.feedback``: what an outcome tells its channel's flow control (a throttle pauses it, failures
-  open its circuit).
 - ``.channels``: the lane's channels as the worker loads them before each tick (``ChannelSet``: the
   channels that cannot send reported), and each channel's provider and flow-control state kept across
   ticks: how many rows a channel claims and when a send may start.
@@ -28,8 +26,9 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.tenant_limits``: per-tenant rate limits within a channel (``TENANT_RATE_LIMITS``): each tenant's
   cap on a claim, and the slot each of its records waits for.
 - ``.failures``: what a tick that failed on the database reports, and the pause before the next one.
-- ``.flow_control``: the rate limiter (a token bucket), the circuit breaker, the spacing of starts and
-  the worker's own cap on calls in flight across its channels (``InFlightCap``).
+- ``.flow_control``: the rate limiter (a token bucket), the circuit breaker, the spacing of starts,
+  what an outcome tells them (``FlowFeedback``: a throttle pauses the channel, failures open its
+  circuit) and the worker's own cap on calls in flight across its channels (``InFlightCap``).
 - ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for its claims and
   commits, one transaction at a time.
 - ``.partitions``: the lock a lane's worker ticks under; with ``PARTITIONS`` > 1, a lane's rows shared by

@@ -35,8 +35,13 @@ from notifications_retry.engine.claiming import ClaimConnection, Claims
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import Executor, calls_bound_seconds
 from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible, sort_returns
-from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
-from notifications_retry.engine.flow_control import InFlightCap, fit_to_room
+from notifications_retry.engine.flow_control import (
+    FlowFeedback,
+    InFlightCap,
+    fit_to_room,
+    take_queue,
+    throttles,
+)
 from notifications_retry.engine.give_back import GiveBack
 from notifications_retry.engine.partitions import Ownership, PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
-from notifications_retry.engine.feedback import FlowFeedback, take_queue, throttles
+from notifications_retry.engine.flow_control import FlowFeedback, take_queue, throttles
 from notifications_retry.observability import metrics
 from notifications_retry.rules.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
 

@@ -12,7 +12,7 @@ from notifications_retry.engine.failover import (
     not_called,
     sort_returns,
 )
-from notifications_retry.engine.feedback import FlowFeedback
+from notifications_retry.engine.flow_control import FlowFeedback
 from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
 from notifications_retry.rules.outcomes import RETRY, SENT, THROTTLED, Outcome, failure_of
 from tests.unit.test_dispatcher_capacity import CHUNK, Log, Mono, record, runtime
