@@ -37,7 +37,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def signing_alone(repeat: int, number: int) -> None:
-    from notifications_retry.providers.webhook_signing import Signer
+    from notifications_retry.providers.webhook import Signer
 
     print("## The signing step alone (Signer.headers), µs per request\n")
     print("| secrets | 100 B body | 16 KiB body |")

@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 
 from notifications_retry.inputs.url_policy import resolved_beforehand, webhook_url_problems
 from notifications_retry.models import ChannelConfig
-from notifications_retry.providers import channel_warnings, webhook_signing
+from notifications_retry.providers import channel_warnings, webhook
 from notifications_retry.rules.endpoint_health import DISABLED
 
 from . import display
@@ -29,7 +29,7 @@ from .display import format_age, fragment
 class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
     """Options without the secrets (write-only fields beside them), webhook URLs checked by the URL policy.
 
-    Stored secrets are listed masked (kind and fingerprint, :func:`webhook_signing.masked`), each with a
+    Stored secrets are listed masked (kind and fingerprint, :func:`webhook.masked`), each with a
     box to remove it: a rotation adds the new ``whsec_`` secret, waits for the receiver, then removes the
     old one, and both sign meanwhile.
     """
@@ -75,13 +75,11 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
         stored_many = options.pop("secrets", None)
         self.stored_secrets: list[str] = list(stored_many) if isinstance(stored_many, list) else []
         self.initial["options"] = options
-        stored = webhook_signing.stored_secrets(
-            {"secret": self.stored_secret, "secrets": self.stored_secrets}
-        )
+        stored = webhook.stored_secrets({"secret": self.stored_secret, "secrets": self.stored_secrets})
         self.fields["remove_secrets"].choices = [  # type: ignore[attr-defined]
-            (webhook_signing.fingerprint(s), webhook_signing.masked(s)) for s in stored
+            (webhook.fingerprint(s), webhook.masked(s)) for s in stored
         ]
-        legacy = self.stored_secret is not None and not webhook_signing.is_standard(self.stored_secret)
+        legacy = self.stored_secret is not None and not webhook.is_standard(self.stored_secret)
         self.fields["secret"].help_text = (
             "A secret is stored (never shown). Type a new one to replace it, or leave empty to keep it."
             if self.stored_secret
@@ -119,13 +117,13 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean_secret(self) -> str:
         value: str = self.cleaned_data.get("secret") or ""
-        if value and webhook_signing.secret_problems({"secret": value}):
+        if value and webhook.secret_problems({"secret": value}):
             raise ValidationError("Not a valid whsec_ secret: base64 of 24 to 64 bytes after whsec_.")
         return value
 
     def clean_add_secret(self) -> str:
         value: str = self.cleaned_data.get("add_secret") or ""
-        if value and webhook_signing.secret_problems({"secrets": [value]}):
+        if value and webhook.secret_problems({"secrets": [value]}):
             raise ValidationError(
                 "A secret added beside others is a whsec_ secret (base64 of 24 to 64 bytes)."
             )
@@ -144,9 +142,9 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
         if data.get("clear_secret"):
             single, many = None, []
         removed = set(data.get("remove_secrets") or ())
-        if single is not None and webhook_signing.fingerprint(single) in removed:
+        if single is not None and webhook.fingerprint(single) in removed:
             single = None
-        many = [s for s in many if webhook_signing.fingerprint(s) not in removed]
+        many = [s for s in many if webhook.fingerprint(s) not in removed]
         if data.get("secret"):
             single = data["secret"]
         if data.get("add_secret") and data["add_secret"] not in many:
@@ -174,7 +172,7 @@ class ChannelConfigForm(forms.ModelForm):  # type: ignore[type-arg]
 
 def _suggested_secret() -> str:
     """A new Standard Webhooks secret (32 random bytes): what the admin offers in place of a legacy one."""
-    return webhook_signing.PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+    return webhook.PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 @admin.register(ChannelConfig)
@@ -241,10 +239,10 @@ class ChannelConfigAdmin(ChannelHealthAdmin):
 
     @admin.display(description="secret")
     def secret_display(self, obj: ChannelConfig) -> str:
-        stored = webhook_signing.stored_secrets(obj.options) if isinstance(obj.options, dict) else []
+        stored = webhook.stored_secrets(obj.options) if isinstance(obj.options, dict) else []
         if not stored:
             return "—"
-        standard = sum(webhook_signing.is_standard(s) for s in stored)
+        standard = sum(webhook.is_standard(s) for s in stored)
         kinds = [f"{standard} whsec_"] if standard else []
         if len(stored) > standard:
             kinds.append("legacy X-Signature")

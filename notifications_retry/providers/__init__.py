@@ -4,11 +4,11 @@ Built-ins are ``in_app``, ``stub``, ``webhook`` and ``django_email``;
 ``NOTIFICATIONS_RETRY["PROVIDERS"]`` adds or replaces entries with dotted paths of :class:`Provider`
 subclasses.
 
-Modules: :mod:`.base` (the interface), :mod:`.in_app`, :mod:`.stub`, :mod:`.webhook` over
-:mod:`.http_client`, and :mod:`.django_email` with :mod:`.email_message` (payload to message),
-:mod:`.email_errors` (failures classified) and :mod:`.email_evidence` (the SMTP reply or ESP answer of
-an attempt); :mod:`.http_status` (what an HTTP answer means, for the webhook and an ESP's API alike);
-:mod:`.webhook_signing` (Standard Webhooks and the legacy signature).
+Modules: :mod:`.base` (the interface), :mod:`.in_app`, :mod:`.stub`, :mod:`.webhook` (with its
+signatures: Standard Webhooks and the legacy one) over :mod:`.http_client`, and :mod:`.django_email`
+with :mod:`.email_message` (payload to message), :mod:`.email_errors` (failures classified) and
+:mod:`.email_evidence` (the SMTP reply or ESP answer of an attempt); :mod:`.http_status` (what an HTTP
+answer means, for the webhook and an ESP's API alike).
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def test_a_malformed_url_on_a_new_channel_gives_its_own_errors_only(
 
 
 def test_signing_secrets_rotate_from_the_form_and_show_only_masked(admin_client: Client) -> None:
-    from notifications_retry.providers.webhook_signing import fingerprint
+    from notifications_retry.providers.webhook import fingerprint
 
     old = "whsec_" + base64.b64encode(b"o" * 32).decode()
     new = "whsec_" + base64.b64encode(b"n" * 24).decode()

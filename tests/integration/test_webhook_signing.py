@@ -12,8 +12,7 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from notifications_retry.providers.base import ChannelSettings
-from notifications_retry.providers.webhook import WebhookProvider
-from notifications_retry.providers.webhook_signing import fingerprint, masked, secret_problems
+from notifications_retry.providers.webhook import WebhookProvider, fingerprint, masked, secret_problems
 from tests.integration.test_webhook_provider import message
 from tests.support.http_server import ScriptedServer
 
