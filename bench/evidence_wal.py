@@ -60,7 +60,7 @@ VARIANTS = ("before", "after, no answer", "after, 500 + short body", "after, 500
 
 
 def _evidence(variant: str) -> Any:
-    from notifications_retry.rules.evidence import NO_ANSWER, Evidence
+    from notifications_retry.rules.outcomes import NO_ANSWER, Evidence
 
     if variant == "after, no answer":
         return NO_ANSWER

@@ -25,8 +25,7 @@ from notifications_retry.providers import (
     channel_problems,
     get_provider_class,
 )
-from notifications_retry.rules.evidence import NO_ANSWER, evidence_of
-from notifications_retry.rules.outcomes import ClaimedRecord, Failure, failure_of
+from notifications_retry.rules.outcomes import NO_ANSWER, ClaimedRecord, Failure, evidence_of, failure_of
 from notifications_retry.runtime.asyncio_bridge import run_sync
 from notifications_retry.runtime.clock import default_clock
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from notifications_retry.rules.evidence import Evidence
+    from notifications_retry.rules.outcomes import Evidence
 
 
 class NotificationsRetryError(Exception):
@@ -33,7 +33,7 @@ class ProviderError(NotificationsRetryError):
 
     retriable: bool = True
     default_kind: str = "provider_error"
-    #: The answer behind the failure, when the provider got one (notifications_retry.rules.evidence).
+    #: The answer behind the failure, when the provider got one (notifications_retry.rules.outcomes).
     evidence: Evidence | None = None
 
     def __init__(

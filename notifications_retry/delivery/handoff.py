@@ -23,10 +23,11 @@ from notifications_retry.delivery.channel_rules import backoff_policy, lease_sec
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
-from notifications_retry.rules.evidence import HANDOFF, Evidence
 from notifications_retry.rules.outcomes import (
+    HANDOFF,
     TERMINAL,
     ClaimedRecord,
+    Evidence,
     Failure,
     Outcome,
     attempt_budget,

@@ -30,7 +30,7 @@ from notifications_retry.conf import get_settings
 from notifications_retry.delivery.recovery_filter import RecoveryFilter
 from notifications_retry.exceptions import NotificationsRetryError
 from notifications_retry.models import RecoveryJob
-from notifications_retry.rules.evidence import REPLAY
+from notifications_retry.rules.outcomes import REPLAY
 from notifications_retry.runtime.clock import Clock, default_clock
 
 from . import triage

@@ -25,8 +25,7 @@ from notifications_retry.models import (
     NotificationEntity,
     NotificationQuerySet,
 )
-from notifications_retry.rules.evidence import MANUAL, REPLAY
-from notifications_retry.rules.outcomes import deadline_words
+from notifications_retry.rules.outcomes import MANUAL, REPLAY, deadline_words
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED = CANCELLED_ERROR_KIND

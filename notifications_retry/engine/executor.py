@@ -19,16 +19,18 @@ from notifications_retry.observability import tracing
 from notifications_retry.observability.excerpts import masked
 from notifications_retry.providers import OutgoingMessage, Provider
 from notifications_retry.providers.base import SendResult
-from notifications_retry.rules.evidence import NO_ANSWER, Evidence, evidence_of
 from notifications_retry.rules.outcomes import (
     INVALID_RECIPIENT,
+    NO_ANSWER,
     SENT,
     TIMEOUT,
     ClaimedRecord,
+    Evidence,
     Failure,
     Outcome,
     attempt_budget,
     decide,
+    evidence_of,
     failure_of,
     outcome_of,
 )

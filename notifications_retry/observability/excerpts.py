@@ -2,7 +2,7 @@
 
 This message's recipient and payload texts are cut out by value, then every email address, phone
 number, token and URL secret by pattern (:func:`notifications_retry.observability.logging.redact`),
-then the text is cut to :data:`~notifications_retry.rules.evidence.EXCERPT_BYTES` bytes of UTF-8 at a
+then the text is cut to :data:`~notifications_retry.rules.outcomes.EXCERPT_BYTES` bytes of UTF-8 at a
 character boundary. Only refusals carry an answer (a 2xx keeps none), so the hot path masks nothing.
 """
 
@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from notifications_retry.observability.logging import redact
-from notifications_retry.rules.evidence import EXCERPT_BYTES, Evidence
+from notifications_retry.rules.outcomes import EXCERPT_BYTES, Evidence
 
 __all__ = ["excerpt", "masked"]
 

@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from notifications_retry.conf.channel_settings import ChannelSettings as ChannelSettings
-from notifications_retry.rules.evidence import Evidence
-from notifications_retry.rules.outcomes import ClaimedRecord
+from notifications_retry.rules.outcomes import ClaimedRecord, Evidence
 
 
 @dataclasses.dataclass(frozen=True)

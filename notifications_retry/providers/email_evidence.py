@@ -11,7 +11,7 @@ from __future__ import annotations
 import smtplib
 from typing import Any
 
-from notifications_retry.rules.evidence import NO_ANSWER, Evidence, answer_text
+from notifications_retry.rules.outcomes import NO_ANSWER, Evidence, answer_text
 
 __all__ = ["failure_evidence", "sent_evidence", "smtp_peer"]
 

@@ -32,7 +32,7 @@ import orjson
 from django.conf import settings as django_settings
 
 from notifications_retry.inputs import url_policy
-from notifications_retry.rules.evidence import Evidence, answer_text
+from notifications_retry.rules.outcomes import Evidence, answer_text
 from notifications_retry.runtime.asyncio_bridge import run_sync
 
 from ..conf import SETTINGS_NAME, get_settings

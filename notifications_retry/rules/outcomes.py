@@ -1,10 +1,21 @@
-"""What happens to a record after an attempt: one pure :func:`decide`, and the records it decides on.
+"""What happens to a record after an attempt: one pure :func:`decide`, the records it decides on, and
+the evidence an attempt left.
 
 The worker (after a provider call), the claim (a record whose budget is spent or whose deadline
 passed before its send), the dispatcher's hand-off API and cancel all go through :func:`decide`, so
 the rules "a permanent failure is terminal", "the last allowed attempt is terminal" and "a retry
 waits for the backoff and never less than the provider's Retry-After" live here and nowhere else.
 Nothing here touches the database, the clock or randomness: they are parameters.
+
+Evidence: the answer's status, an excerpt of it, and where it came from. A provider attaches an
+:class:`Evidence` to its :class:`~notifications_retry.providers.base.SendResult` or to the
+:class:`~notifications_retry.exceptions.ProviderError` it raises; the executor copies it onto the
+:class:`Outcome`, and finalize writes it into the attempt's ``attempt_log`` entry (``status_code``,
+``duration_ms``, ``response_excerpt``, ``remote_addr``, ``trigger``). A provider hands over the
+answer's text as received (:func:`answer_text`: at most a few KiB, the channel's own secrets already
+cut out by value); the caller that builds the outcome (the executor, ``api.send_now``) masks it like
+a log line and cuts it to :data:`EXCERPT_BYTES` bytes
+(:func:`notifications_retry.observability.excerpts.masked`), since only it may use the masking code.
 """
 
 from __future__ import annotations
@@ -14,14 +25,13 @@ import functools
 import math
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from notifications_retry.conf import bounds
 from notifications_retry.exceptions import ProviderError
 from notifications_retry.rules.backoff import BackoffPolicy, next_attempt_at
-from notifications_retry.rules.evidence import Evidence
 
 SENT = "sent"
 RETRY = "retry"
@@ -52,6 +62,56 @@ ATTEMPTS_LIMIT = int(bounds.MAX_ATTEMPTS.high)
 #: The claim clamps deadlines Python cannot hold to this floor ('-infinity', years before 1).
 DEADLINE_FLOOR = datetime(1, 1, 2, tzinfo=UTC)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+#: At most this many bytes of an answer are kept per attempt (1 KiB, the public contract).
+EXCERPT_BYTES = 1024
+#: What started an attempt: the worker's due retry or deferred send; the first attempt after an
+#: operator's requeue; the first after a recovery job's requeue; the monolith's own send, handed over.
+SCHEDULED, MANUAL, REPLAY, HANDOFF = "scheduled", "manual", "replay", "handoff"
+TRIGGERS = (SCHEDULED, MANUAL, REPLAY, HANDOFF)
+#: Characters of an answer handed over at most: enough for the excerpt once masking has shortened it.
+READ_CHARS = 4 * EXCERPT_BYTES
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evidence:
+    """One provider call's answer: ``status_code`` None when no answer came (timeout, refused)."""
+
+    status_code: int | None = None
+    response_excerpt: str = ""
+    remote_addr: str | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The ``attempt_log`` keys this evidence fills."""
+        return {
+            "status_code": self.status_code,
+            "response_excerpt": self.response_excerpt,
+            "remote_addr": self.remote_addr,
+        }
+
+
+#: A call that got no answer, and no address is known.
+NO_ANSWER = Evidence()
+
+
+def evidence_of(exc: BaseException) -> Evidence:
+    """What a provider call that raised ``exc`` left: the error's evidence, else no answer."""
+    found = getattr(exc, "evidence", None)
+    return found if isinstance(found, Evidence) else NO_ANSWER
+
+
+def answer_text(answer: bytes | str | None, *, secrets: Iterable[str] = ()) -> str:
+    """The start of an answer as text, with ``secrets`` (a channel's own) cut out by value."""
+    if not answer:
+        return ""
+    text = (
+        answer[:READ_CHARS].decode("utf-8", "replace") if isinstance(answer, bytes) else answer[:READ_CHARS]
+    )
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
 
 
 @dataclasses.dataclass
@@ -134,7 +194,7 @@ class Outcome:
     delivered_by: str | None = None
     #: The provider call's answer; None when no provider was called (expired, budget spent, cancelled).
     evidence: Evidence | None = None
-    #: What started the attempt (evidence.TRIGGERS); None: finalize reads it from the row.
+    #: What started the attempt (one of TRIGGERS); None: finalize reads it from the row.
     trigger: str | None = None
     #: A failed probe of its channel's circuit breaker (the one call let through per cool-down): how long
     #: the circuit had been open, with no success since, when the probe ended (seconds; None: not a
@@ -272,25 +332,36 @@ def outcome_of(
 __all__ = [
     "ATTEMPTS_INVALID",
     "CANCELLED",
+    "EXCERPT_BYTES",
     "EXHAUSTED",
     "EXPIRED",
+    "HANDOFF",
     "MAILBOX_UNAVAILABLE",
+    "MANUAL",
+    "NO_ANSWER",
     "PAYLOAD_INVALID",
     "PAYLOAD_TOO_LARGE",
+    "READ_CHARS",
+    "REPLAY",
     "RETRY",
+    "SCHEDULED",
     "SENT",
     "SUPPRESSED",
     "TERMINAL",
+    "TRIGGERS",
     "UNDECODABLE",
     "UNREADABLE_TIME",
     "ClaimedRecord",
     "Decision",
+    "Evidence",
     "Failure",
     "Outcome",
+    "answer_text",
     "attempt_budget",
     "before_send",
     "deadline_words",
     "decide",
+    "evidence_of",
     "failure_of",
     "outcome_of",
 ]

@@ -13,7 +13,7 @@ from notifications_retry.delivery.triage import requeue
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
 from notifications_retry.observability.excerpts import excerpt
-from notifications_retry.rules.evidence import EXCERPT_BYTES, answer_text
+from notifications_retry.rules.outcomes import EXCERPT_BYTES, answer_text
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.http_server import Reply
 
