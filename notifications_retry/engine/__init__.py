@@ -10,13 +10,13 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
   the records their channels can no longer send on.
 - ``.claiming``: the tick's claims, on the send loop's connection (a second claim under way on a
-  second one on a backlog of inline rows) or Django's, and taking in what each claim returned.
+  second one on a backlog of inline rows) or Django's, and taking in what each claim returned; their
+  inverse, claimed records given back unsent (``GiveBack``: a stop, a lost lock, an open circuit, a
+  throttle's pause), their attempt with them.
 - ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel;
   what a finished call hands back (``Finished``, ``Returned``).
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
-- ``.give_back``: claimed records given back unsent (a stop, a lost lock, an open circuit, a
-  throttle's pause), their attempt with them.
 - ``.channels``: the lane's channels as the worker loads them before each tick (``ChannelSet``: the
   channels that cannot send reported), and each channel's provider and flow-control state kept across
   ticks: how many rows a channel claims and when a send may start.

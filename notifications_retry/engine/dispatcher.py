@@ -31,7 +31,7 @@ from notifications_retry.database.locks import AdvisoryLock
 from notifications_retry.delivery import Partitions
 from notifications_retry.delivery.health import disables_at_once
 from notifications_retry.engine.channels import ChannelRuntime, next_wait
-from notifications_retry.engine.claiming import ClaimConnection, Claims
+from notifications_retry.engine.claiming import ClaimConnection, Claims, GiveBack
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import Executor, calls_bound_seconds
 from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible, sort_returns
@@ -42,7 +42,6 @@ from notifications_retry.engine.flow_control import (
     take_queue,
     throttles,
 )
-from notifications_retry.engine.give_back import GiveBack
 from notifications_retry.engine.partitions import Ownership, PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
@@ -245,7 +244,7 @@ class Dispatcher:
                     # The database refuses commits and every place under the cap waits for one: the
                     # queue cannot start before the outage ends. It goes back (a release the outage
                     # refuses ends the tick as a failed claim does; the records are kept, and given
-                    # back with their attempt once the database answers: engine.give_back).
+                    # back with their attempt once the database answers: engine.claiming's GiveBack).
                     self._release_queued(runtimes, bound, "the worker's cap waits for commits")
                     continue
                 # Through the completer: outcomes it holds go on committing meanwhile (on the send loop).

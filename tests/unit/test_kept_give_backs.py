@@ -18,10 +18,10 @@ import pytest
 from django.db import OperationalError
 
 from notifications_retry.delivery import ClaimRequest
+from notifications_retry.engine.claiming import GiveBack
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.dispatcher import Dispatcher
 from notifications_retry.engine.executor import Executor
-from notifications_retry.engine.give_back import GiveBack
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.rules.outcomes import ClaimedRecord
 from tests.support.fake_tick import CONF, FakeDatabase, FakeLock, FakeTime, Log, channel, provider
