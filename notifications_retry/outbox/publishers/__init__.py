@@ -1,8 +1,9 @@
 """Publisher registry for the outbox relay: built-ins ``log``, ``http``, ``rabbitmq`` and ``nats``, or a
 dotted path. The broker publishers import their clients (extras ``rabbitmq``, ``nats``) when built.
 
-Modules: :mod:`.base` (the interface), :mod:`.log`, :mod:`.http`, :mod:`.rabbitmq`,
-:mod:`.nats_jetstream` (the asynchronous brokers' clients run on ``asyncio_bridge.LoopThread``).
+Modules: :mod:`.base` (the interface and the reference publisher, ``log``), :mod:`.http`,
+:mod:`.rabbitmq`, :mod:`.nats_jetstream` (the asynchronous brokers' clients run on
+``asyncio_bridge.LoopThread``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from notifications_retry.outbox.publishers.base import Publisher, PublishError
+from notifications_retry.outbox.publishers.base import LogPublisher, Publisher, PublishError
 from notifications_retry.outbox.publishers.http import HttpPublisher
-from notifications_retry.outbox.publishers.log import LogPublisher
 from notifications_retry.outbox.publishers.nats_jetstream import NatsPublisher
 from notifications_retry.outbox.publishers.rabbitmq import RabbitMQPublisher
 

@@ -1,4 +1,5 @@
-"""The publisher interface: how the outbox relay hands one event to the outside world."""
+"""The publisher interface (how the outbox relay hands one event to the outside world) and its reference
+publisher, ``log`` (:class:`LogPublisher`, the default)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import json
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, ClassVar
+
+import structlog
+
+log = structlog.get_logger("notifications_retry.outbox")
 
 
 def event_body(event: Mapping[str, Any]) -> bytes:
@@ -62,6 +67,27 @@ class Publisher(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - an optional hook: most publishers hold nothing
         """Release clients and connections."""
+
+
+class LogPublisher(Publisher):
+    """The ``log`` publisher: writes ``outbox-event-published`` with the event's id, topic, key and payload.
+
+    One structured log line per event, for development or a log shipper.
+    """
+
+    name: ClassVar[str] = "log"
+
+    def publish(self, event: Mapping[str, Any]) -> None:
+        """Log the event; never fails."""
+        log.info(
+            "outbox-event-published",
+            event_id=event["event_id"],
+            topic=event["topic"],
+            key=event["key"],
+            generation=event["generation"],
+            contract_version=event["contract_version"],
+            payload=event["payload"],
+        )
 
 
 def broker_client(module: str, *, publisher: str, package: str, extra: str) -> ModuleType:
