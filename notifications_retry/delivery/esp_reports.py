@@ -18,7 +18,7 @@ from datetime import datetime
 from django.db import transaction
 
 from notifications_retry.delivery import events, suppression
-from notifications_retry.inputs.addresses import normalize_recipient
+from notifications_retry.inputs.validation import normalize_recipient
 from notifications_retry.models import (
     ALL_CHANNELS,
     DELIVERY_STATUS_TOPIC,

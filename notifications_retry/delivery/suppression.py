@@ -24,7 +24,7 @@ from django.db.models import QuerySet
 
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery.session import Statement, Steps, json_document, run_steps
-from notifications_retry.inputs.addresses import normalize_recipient
+from notifications_retry.inputs.validation import normalize_recipient
 from notifications_retry.models import ALL_CHANNELS, Suppression, SuppressionChange
 from notifications_retry.rules.outcomes import MAILBOX_UNAVAILABLE, TERMINAL
 

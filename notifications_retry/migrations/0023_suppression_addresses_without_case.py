@@ -1,7 +1,7 @@
 """Suppressed email addresses compare without case: existing entries are rewritten in that form.
 
 Until now an entry kept the local part of an email address as written (``Ann@example.com``); the
-lookup now case-folds the address whole (``notifications_retry.inputs.addresses.normalize_recipient``), so
+lookup now case-folds the address whole (``notifications_retry.inputs.validation.normalize_recipient``), so
 each entry is rewritten to that form. Recipients that are not email addresses are left as they are.
 
 Entries of one channel that differ only by case (``Ann@example.com`` and ``ann@example.com`` on
@@ -31,7 +31,7 @@ CHUNK = 5000
 
 
 def normalize_addresses(apps: Any, schema_editor: Any) -> None:
-    from notifications_retry.inputs.addresses import normalize_recipient
+    from notifications_retry.inputs.validation import normalize_recipient
 
     Suppression = apps.get_model("notifications_retry", "Suppression")
     table = Suppression._meta.db_table

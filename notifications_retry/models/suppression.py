@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from notifications_retry.conf import bounds
-from notifications_retry.inputs.addresses import normalize_recipient
+from notifications_retry.inputs.validation import normalize_recipient
 
 from .constraints import check_constraint
 from .notifications import NotificationEntity
@@ -21,7 +21,7 @@ ALL_CHANNELS = "*"
 class Suppression(models.Model):
     """A recipient not to be sent to, on one channel or on every one (``*``), and why.
 
-    ``address`` is stored normalized (:func:`notifications_retry.inputs.addresses.normalize_recipient`): an
+    ``address`` is stored normalized (:func:`notifications_retry.inputs.validation.normalize_recipient`): an
     email address case-folded whole, anything else verbatim. One row per (address, channel): a new
     event for it extends the row (``last_event_at``, ``events``, ``expires_at``) instead of adding one.
     """

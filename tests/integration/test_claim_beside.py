@@ -280,7 +280,7 @@ class GoneMailboxProvider(StubProvider):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_gone_mailbox_settled_in_a_claim_on_the_loop_is_written_on_djangos_connection(settings, clock):
-    from notifications_retry.inputs.addresses import normalize_recipient
+    from notifications_retry.inputs.validation import normalize_recipient
     from notifications_retry.models import Suppression
 
     use_provider(settings, "gone", GoneMailboxProvider)

@@ -16,7 +16,7 @@ from notifications_retry import api
 from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
 from notifications_retry.delivery import suppression as service
 from notifications_retry.engine.worker import Worker
-from notifications_retry.inputs.addresses import normalize_recipient
+from notifications_retry.inputs.validation import normalize_recipient
 from notifications_retry.models import (
     ChannelConfig,
     NotificationEntity,
