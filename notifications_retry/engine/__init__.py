@@ -7,14 +7,14 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.loop_tasks``: what the loop runs besides ticks (the outbox relay, housekeeping, the outbox gauges,
   which the command hands it), after each tick and in slices of the wait; a failed task backs off.
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
-  start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls and
-  the records their channels can no longer send on.
+  start sends (tasks of the send loop, which this thread runs while it waits), hand finished calls
+  (``Finished``) and the records their channels can no longer send on.
 - ``.claiming``: the tick's claims, on the send loop's connection (a second claim under way on a
   second one on a backlog of inline rows) or Django's, and taking in what each claim returned; their
   inverse, claimed records given back unsent (``GiveBack``: a stop, a lost lock, an open circuit, a
   throttle's pause), their attempt with them.
-- ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel;
-  what a finished call hands back (``Finished``, ``Returned``).
+- ``.failover``: an attempt its channel's provider could not take, sent through the fallback channel
+  (built by the dispatcher only once a channel with a fallback needs it).
 - ``.wakeup``: when a looping worker wakes between ticks (a due row, a NOTIFY, the fallback poll).
 - ``.executor``: one provider call for one record, and its answer turned into an outcome.
 - ``.channels``: the lane's channels as the worker loads them before each tick (``ChannelSet``: the
@@ -28,7 +28,8 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
 - ``.failures``: what a tick that failed on the database reports, and the pause before the next one.
 - ``.flow_control``: the rate limiter (a token bucket), the circuit breaker, the spacing of starts,
   what an outcome tells them (``FlowFeedback``: a throttle pauses the channel, failures open its
-  circuit) and the worker's own cap on calls in flight across its channels (``InFlightCap``).
+  circuit; the records it hands back, ``Returned``) and the worker's own cap on calls in flight
+  across its channels (``InFlightCap``).
 - ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for its claims and
   commits, one transaction at a time.
 - ``.partitions``: the lock a lane's worker ticks under; with ``PARTITIONS`` > 1, a lane's rows shared by

@@ -34,11 +34,13 @@ from notifications_retry.engine.channels import ChannelRuntime, next_wait
 from notifications_retry.engine.claiming import ClaimConnection, Claims, GiveBack
 from notifications_retry.engine.completer import Commits
 from notifications_retry.engine.executor import Executor, calls_bound_seconds
-from notifications_retry.engine.failover import Failover, Finished, Rerouted, Returned, eligible, sort_returns
+from notifications_retry.engine.failover import Failover, Rerouted, eligible
 from notifications_retry.engine.flow_control import (
     FlowFeedback,
     InFlightCap,
+    Returned,
     fit_to_room,
+    sort_returns,
     take_queue,
     throttles,
 )
@@ -68,6 +70,16 @@ CLAIM_CHUNK_SIZE = 500
 def chunk_size(batch_size: int) -> int:
     """Rows one claim (or one commit of outcomes) takes in a tick of ``batch_size``: the chunk, or less."""
     return max(1, min(CLAIM_CHUNK_SIZE, batch_size))
+
+
+class Finished:
+    """A call that ended: its outcome, and the queued records its channels could no longer send
+    (the primary's and, after a failover, the fallback's)."""
+
+    __slots__ = ("outcome", "returns")
+
+    def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
+        self.outcome, self.returns = outcome, returns
 
 
 class Dispatcher:
@@ -136,7 +148,9 @@ class Dispatcher:
             db=db,
             monotonic=monotonic,
         )
-        self.failover = Failover(executor, self.feedback, monotonic)
+        #: Sends through fallback channels (engine.failover), built the first time a channel with a
+        #: fallback needs it (:meth:`_failover`): a lane without fallbacks never builds it.
+        self.failover: Failover | None = None
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -354,7 +368,7 @@ class Dispatcher:
             rerouted: list[Rerouted] = []
             given_back: list[ClaimedRecord] = []
             if rt.fallback is not None and rt.queue:
-                rerouted, given_back = self.failover.reroute(rt)
+                rerouted, given_back = self._failover().reroute(rt)
                 self.running += len(rerouted)
             elif rt.queue and rt.cannot_send(self.monotonic()):
                 # Claimed by a claim that was already running when the circuit opened (or the
@@ -386,7 +400,7 @@ class Dispatcher:
 
     async def _rerouted(self, rt: ChannelRuntime, item: Rerouted) -> None:
         """A record sent straight through its channel's fallback (the channel must not be called now)."""
-        outcome, returned = await self.failover.send(rt, item.fallback, item.record, item.why)
+        outcome, returned = await self._failover().send(rt, item.fallback, item.record, item.why)
         rt.cap.hold(item.record.id_text)
         self.running -= 1
         self._hand_over(Finished(self._outcome(rt, outcome, False), [returned]))
@@ -417,10 +431,11 @@ class Dispatcher:
                 # The primary's answer feeds the primary's flow control, whatever the fallback does.
                 at = self.monotonic()
                 returns.append(Returned(rt, outcome, self.feedback.account_safely(rt, outcome, at), at))
-                fallback = self.failover.reserve(rt, at) if self._may_send(at) else None
+                failover = self._failover()
+                fallback = failover.reserve(rt, at) if self._may_send(at) else None
                 if fallback is not None:
                     self.last_start = self.monotonic()
-                    outcome, returned = await self.failover.send(rt, fallback, record, outcome)
+                    outcome, returned = await failover.send(rt, fallback, record, outcome)
                     returns.append(returned)
             at = self.monotonic()
             if not returns:
@@ -439,6 +454,12 @@ class Dispatcher:
                 probe = self._call_started(rt)
                 continue
             return
+
+    def _failover(self) -> Failover:
+        """The failover machinery, built at its first use (a channel with a fallback needs it)."""
+        if self.failover is None:
+            self.failover = Failover(self.executor, self.feedback, self.monotonic)
+        return self.failover
 
     def _call_started(self, rt: ChannelRuntime) -> bool:
         """A call on ``rt``'s own provider starts now: its rate and concurrency slots, the tick's count.
@@ -466,7 +487,7 @@ class Dispatcher:
         if not self.done:
             return
         finished, self.done = self.done, []
-        held, give_back = sort_returns(finished)
+        held, give_back = sort_returns(returned for item in finished for returned in item.returns)
         self.completer.add([item.outcome for item in finished])
         for returned in held:
             self.give_back.hold_back(returned.rt, returned.records, returned.at)

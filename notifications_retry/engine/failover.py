@@ -27,48 +27,12 @@ from collections.abc import Callable
 
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.executor import Executor
-from notifications_retry.engine.flow_control import FlowFeedback, take_queue, throttles
+from notifications_retry.engine.flow_control import FlowFeedback, Returned, take_queue
 from notifications_retry.observability import metrics
 from notifications_retry.rules.outcomes import SENT, THROTTLED, ClaimedRecord, Failure, Outcome
 
 #: Error kind of an attempt whose channel's provider was not called because its circuit is open.
 CIRCUIT_OPEN = "circuit_open"
-
-
-@dataclasses.dataclass(slots=True)
-class Returned:
-    """Queued records a channel could no longer send after ``cause`` (its circuit opened, it was paused)."""
-
-    rt: ChannelRuntime
-    cause: Outcome
-    records: list[ClaimedRecord]
-    at: float
-
-
-class Finished:
-    """A call that ended: its outcome, and the queued records its channels could no longer send
-    (the primary's and, after a failover, the fallback's)."""
-
-    __slots__ = ("outcome", "returns")
-
-    def __init__(self, outcome: Outcome, returns: list[Returned]) -> None:
-        self.outcome, self.returns = outcome, returns
-
-
-def sort_returns(finished: list[Finished]) -> tuple[list[Returned], list[ClaimedRecord]]:
-    """The records ``finished`` calls hand back: those a throttle holds back (with their channel and
-    pause), and those simply given back (a circuit opened)."""
-    held: list[Returned] = []
-    given_back: list[ClaimedRecord] = []
-    for item in finished:
-        for returned in item.returns:
-            if not returned.records:
-                continue
-            if throttles(returned.cause):
-                held.append(returned)
-            else:
-                given_back.extend(returned.records)
-    return held, given_back
 
 
 @dataclasses.dataclass(slots=True)
@@ -202,13 +166,4 @@ class Failover:
         )
 
 
-__all__ = [
-    "CIRCUIT_OPEN",
-    "Failover",
-    "Finished",
-    "Rerouted",
-    "Returned",
-    "eligible",
-    "not_called",
-    "sort_returns",
-]
+__all__ = ["CIRCUIT_OPEN", "Failover", "Rerouted", "eligible", "not_called"]

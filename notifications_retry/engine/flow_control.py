@@ -1,7 +1,8 @@
 """Flow control held by the worker: per channel, a sender-side rate limit, a circuit breaker and the
 spacing of a channel's starts over its calls' duration, and what each outcome tells them
-(:class:`FlowFeedback`: a throttle pauses the channel, failures may open its circuit); across channels,
-the worker's own cap on calls in flight (:class:`InFlightCap`, below).
+(:class:`FlowFeedback`: a throttle pauses the channel, failures may open its circuit, and the records it
+can then no longer send are handed back, :class:`Returned`); across channels, the worker's own cap on
+calls in flight (:class:`InFlightCap`, below).
 
 All run on the worker's scheduling thread and use monotonic seconds, never the database clock: they
 pace and pause real calls, not due times.
@@ -9,6 +10,7 @@ pace and pause real calls, not due times.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
@@ -268,6 +270,32 @@ def take_queue(rt: ChannelRuntime) -> list[ClaimedRecord]:
     if rt.tenants is not None:
         rt.tenants.forget(taken)
     return taken
+
+
+@dataclasses.dataclass(slots=True)
+class Returned:
+    """Queued records a channel could no longer send after ``cause`` (its circuit opened, it was paused):
+    what :meth:`FlowFeedback.account` handed back, and when (``at``, monotonic)."""
+
+    rt: ChannelRuntime
+    cause: Outcome
+    records: list[ClaimedRecord]
+    at: float
+
+
+def sort_returns(returns: Iterable[Returned]) -> tuple[list[Returned], list[ClaimedRecord]]:
+    """The records ``returns`` hand back: those a throttle holds back (with their channel and pause),
+    and those simply given back (a circuit opened)."""
+    held: list[Returned] = []
+    given_back: list[ClaimedRecord] = []
+    for returned in returns:
+        if not returned.records:
+            continue
+        if throttles(returned.cause):
+            held.append(returned)
+        else:
+            given_back.extend(returned.records)
+    return held, given_back
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,20 +1,21 @@
-"""Failover's rules without a network: which failures may go to a fallback, and its flow control respected."""
+"""Failover's rules without a network: which failures may go to a fallback, and its flow control respected;
+a tick builds the failover only when a record goes to a fallback."""
 
 from __future__ import annotations
 
+import pytest
+
 from notifications_retry.conf import get_settings
-from notifications_retry.engine.failover import (
-    CIRCUIT_OPEN,
-    Failover,
-    Finished,
-    Returned,
-    eligible,
-    not_called,
-    sort_returns,
-)
-from notifications_retry.engine.flow_control import FlowFeedback
+from notifications_retry.engine.channels import ChannelRuntime
+from notifications_retry.engine.failover import CIRCUIT_OPEN, Failover, eligible, not_called
+from notifications_retry.engine.flow_control import FlowFeedback, Returned, sort_returns
+from notifications_retry.engine.reporting import TickStats
 from notifications_retry.exceptions import PermanentProviderError, RetryableProviderError
-from notifications_retry.rules.outcomes import RETRY, SENT, THROTTLED, Outcome, failure_of
+from notifications_retry.models import ChannelConfig
+from notifications_retry.providers.webhook import WebhookProvider
+from notifications_retry.rules.outcomes import RETRY, SENT, THROTTLED, ClaimedRecord, Outcome, failure_of
+from notifications_retry.runtime.asyncio_bridge import SteppedLoop
+from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeLock, FakeTime, loop_dispatcher
 from tests.unit.test_dispatcher_capacity import CHUNK, Log, Mono, record, runtime
 
 
@@ -111,16 +112,65 @@ def test_records_finished_calls_hand_back_are_held_for_a_throttle_or_given_back(
     held_records, given_records = [record(), record()], [record()]
     throttled = Outcome(record(), RETRY, error_kind=THROTTLED, retriable=True)
     circuit = Outcome(record(), RETRY, error_kind="connection", retriable=True)
-    finished = [
-        Finished(
-            throttled,
-            [Returned(primary, throttled, held_records, 1.0), Returned(fallback, throttled, [], 1.0)],
-        ),
-        Finished(circuit, [Returned(fallback, circuit, given_records, 2.0)]),
-        Finished(Outcome(record(), SENT), []),
+    returns = [
+        Returned(primary, throttled, held_records, 1.0),
+        Returned(fallback, throttled, [], 1.0),
+        Returned(fallback, circuit, given_records, 2.0),
     ]
-    held, given_back = sort_returns(finished)
+    held, given_back = sort_returns(returns)
     # A throttle's records keep their channel and the moment of the pause; empty returns are dropped.
     assert [(r.rt, r.records, r.at) for r in held] == [(primary, held_records, 1.0)]
     assert given_back == given_records
     assert sort_returns([]) == ([], [])
+
+
+class PrimaryRefused(AnswersAtOnce):
+    """Channel ``hooks``' calls refused before anything went out (they may fail over); others' delivered."""
+
+    async def send_async(self, rt: ChannelRuntime, record: ClaimedRecord) -> Outcome:
+        self.sent.append(record.id)
+        if rt.key == "hooks":
+            return Outcome(record, RETRY, error_kind="connection", retriable=True, ambiguous=False)
+        return Outcome(record, SENT)
+
+
+def webhook_channel(pk: int, key: str) -> ChannelRuntime:
+    config = ChannelConfig(
+        id=pk, key=key, provider_key="webhook", max_concurrency=4, timeout_seconds=5.0,
+        options={"url": "https://hooks.example.com/in"},
+    )  # fmt: skip
+    return ChannelRuntime(
+        config, WebhookProvider(config.settings()), CONF, max_concurrency=4, rate_limit=None
+    )
+
+
+@pytest.mark.parametrize("with_fallback", [False, True])
+def test_a_tick_builds_the_failover_only_when_a_record_goes_to_a_fallback(with_fallback):
+    time = FakeTime()
+    db = FakeDatabase(time)
+    rows = db.add(1, 3)
+    rt = webhook_channel(1, "hooks")
+    rt.reset_for_tick(rt.config)
+    if with_fallback:
+        rt.fallback = webhook_channel(2, "backup")
+    loop = SteppedLoop()
+    dispatcher, completer = loop_dispatcher(
+        time, db, PrimaryRefused(time), loop, lambda: False, commit_delay=0.0
+    )
+    stats = TickStats(run_id="failover")
+    dispatcher.reporter.begin_tick(stats, Log())
+    try:
+        deadline = time.t + 45.0
+        dispatcher.run({1: rt}, stats, batch_size=1000, deadline=deadline, lock=FakeLock(time), bound=Log())  # type: ignore[arg-type]
+        dispatcher.finish_calls(Log(), 5.0)
+        while completer.pending:
+            completer.commit(Log())
+    finally:
+        loop.close()
+    assert sorted(o.record.id for o in db.committed) == sorted(r.id for r in rows)
+    if with_fallback:
+        assert dispatcher.failover is not None
+        assert {(o.result, o.delivered_by) for o in db.committed} == {(SENT, "backup")}
+    else:
+        assert dispatcher.failover is None, "a tick whose channels have no fallback builds no failover"
+        assert {o.result for o in db.committed} == {RETRY}
