@@ -163,7 +163,7 @@ REMOVED_KEYS: dict[str, str] = {
     "WORKER_THREADS": "removed: derived, synchronous providers get up to WORKER_MAX_IN_FLIGHT threads, "
     "each channel's max_concurrency bounding its own calls",
     "CLAIM_CHUNK_SIZE": _CONSTANT.format(value="500 rows", where="engine.dispatcher.CLAIM_CHUNK_SIZE"),
-    "JITTER_RATIO": _CONSTANT.format(value="0.1", where="delivery.channel_rules.JITTER_RATIO"),
+    "JITTER_RATIO": _CONSTANT.format(value="0.1", where="rules.backoff.JITTER_RATIO"),
     "BULK_ACTION_CAP": _CONSTANT.format(value="1000 rows", where="admin.triage_actions.BULK_ACTION_CAP"),
     "OUTBOX_RELAY_BATCH_SIZE": _CONSTANT.format(
         value="100 events", where="outbox.relay.OUTBOX_RELAY_BATCH_SIZE; outbox_relay --batch-size"

@@ -17,7 +17,6 @@
 - :mod:`.suppression` reads and writes the suppression list (the claim's one lookup per batch);
 - :mod:`.esp_reports` applies what an ESP reported after a send: delivery status, its outbox event,
   the suppression it calls for;
-- :mod:`.channel_rules` is what a channel decides for its records: the backoff and the lease length;
 - :mod:`.health` counts each batch's provider calls into a channel's health window and applies its
   automatic changes (and the operator's re-enable), with their outbox events;
 - :mod:`.session` runs a transaction's statements, written once as data, on Django's cursor or an

@@ -19,10 +19,10 @@ from django.db import transaction
 
 from notifications_retry.conf import get_settings
 from notifications_retry.delivery import suppression
-from notifications_retry.delivery.channel_rules import backoff_policy, lease_seconds
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.rules.backoff import backoff_policy, lease_seconds
 from notifications_retry.rules.outcomes import (
     HANDOFF,
     TERMINAL,

@@ -23,18 +23,18 @@ from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import LaneSettings, RetrySettings, shared_limits, tenant_rate_limits
 from notifications_retry.conf import share as lane_share
-from notifications_retry.delivery.channel_rules import (
+from notifications_retry.engine.flow_control import CircuitBreaker, InFlightCap, RateLimiter, StartPacer
+from notifications_retry.engine.tenant_limits import TenantLimits
+from notifications_retry.models import ChannelConfig, NotificationEntity
+from notifications_retry.observability import metrics
+from notifications_retry.providers import Provider, get_provider_class
+from notifications_retry.rules.backoff import (
     QUEUE_ROUNDS,
     RATE_HORIZON_SECONDS,
     backoff_policy,
     lease_seconds,
     start_allowance_seconds,
 )
-from notifications_retry.engine.flow_control import CircuitBreaker, InFlightCap, RateLimiter, StartPacer
-from notifications_retry.engine.tenant_limits import TenantLimits
-from notifications_retry.models import ChannelConfig, NotificationEntity
-from notifications_retry.observability import metrics
-from notifications_retry.providers import Provider, get_provider_class
 from notifications_retry.rules.outcomes import ClaimedRecord
 
 log = structlog.get_logger("notifications_retry.worker")
@@ -142,13 +142,13 @@ class ChannelRuntime:
         return len(self.queue)
 
     def lease_seconds(self, conf: RetrySettings) -> float:
-        """This channel's lease (:func:`~notifications_retry.delivery.channel_rules.lease_seconds`)."""
+        """This channel's lease (:func:`~notifications_retry.rules.backoff.lease_seconds`)."""
         fallback = self.fallback.config if self.fallback is not None else None
         return lease_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
 
     def start_reserve(self, conf: RetrySettings) -> float:
         """What a record's lease must still hold when its call starts: its calls and half the grace (the
-        lease less :func:`~notifications_retry.delivery.channel_rules.start_allowance_seconds`)."""
+        lease less :func:`~notifications_retry.rules.backoff.start_allowance_seconds`)."""
         fallback = self.fallback.config if self.fallback is not None else None
         allowance = start_allowance_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
         return self.lease_seconds(conf) - allowance

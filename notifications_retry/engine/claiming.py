@@ -47,7 +47,6 @@ from notifications_retry.delivery import (
     Partitions,
     claim_due_async,
 )
-from notifications_retry.delivery.channel_rules import RATE_HORIZON_SECONDS
 from notifications_retry.delivery.claim import Settle
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine.channels import ChannelRuntime
@@ -57,6 +56,7 @@ from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.exceptions import first_line
 from notifications_retry.observability import metrics
+from notifications_retry.rules.backoff import RATE_HORIZON_SECONDS
 from notifications_retry.rules.outcomes import ClaimedRecord, Outcome
 
 #: Delivers an inline channel's claimed record now (its outcome), or None to lease it; deferred

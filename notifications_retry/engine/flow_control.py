@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from notifications_retry.delivery.channel_rules import QUEUE_ROUNDS
+from notifications_retry.rules.backoff import QUEUE_ROUNDS
 from notifications_retry.rules.outcomes import SENT, THROTTLED, ClaimedRecord, Outcome
 
 if TYPE_CHECKING:

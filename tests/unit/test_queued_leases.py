@@ -1,15 +1,15 @@
 """A queued record starts only while its lease can still cover its call: two rounds are queued behind a
-channel's calls, but a lease covers one round of waiting (``delivery.channel_rules``). The real
+channel's calls, but a lease covers one round of waiting (``rules.backoff``). The real
 dispatcher on a real send loop (``SteppedLoop``), on the fake clock and fake database port of
 :mod:`tests.support.fake_tick`: calls that each take nearly their whole timeout leave the queue's tail
 waiting past its ``start_by``, and it is given back unsent, then claimed again with a fresh lease."""
 
 from __future__ import annotations
 
-from notifications_retry.delivery.channel_rules import start_allowance_seconds
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.webhook import WebhookProvider
+from notifications_retry.rules.backoff import start_allowance_seconds
 from notifications_retry.rules.outcomes import ClaimedRecord, Outcome
 from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeTime, run_loop_tick
 

@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from notifications_retry.conf import get_settings
-from notifications_retry.delivery.channel_rules import backoff_policy
 from notifications_retry.exceptions import ProviderThrottled
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.http_status import parse_retry_after
 from notifications_retry.providers.webhook import classify_response
-from notifications_retry.rules.backoff import BackoffPolicy, next_attempt_at
+from notifications_retry.rules.backoff import BackoffPolicy, backoff_policy, next_attempt_at
 from notifications_retry.rules.outcomes import RETRY, decide, failure_of
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

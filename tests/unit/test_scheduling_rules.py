@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 import pytest
 
 from notifications_retry.delivery import FinalizeReport
-from notifications_retry.delivery.channel_rules import start_allowance_seconds
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Completer
 from notifications_retry.engine.dispatcher import CLAIM_CHUNK_SIZE, Dispatcher
@@ -25,6 +24,7 @@ from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import wake_after
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.base import OutgoingMessage
+from notifications_retry.rules.backoff import start_allowance_seconds
 from notifications_retry.rules.outcomes import Outcome
 from tests.support.fake_tick import (
     CONF,
