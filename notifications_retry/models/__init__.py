@@ -3,15 +3,14 @@
 Invariants also live in the database (django-pgtrigger): a bug or a hand-written UPDATE cannot
 make a forbidden status transition, lower ``attempts`` outside an audited requeue, or rewrite
 an outbox event. One module per table group; everything is importable from here (migrations name
-``notifications_retry.models.check_constraint``): :mod:`.channels`, :mod:`.notifications`,
-:mod:`.outbox`, :mod:`.recovery` (recovery jobs), :mod:`.health` (endpoint health: window buckets
-and changes), :mod:`.suppression` (the suppression list), :mod:`.bookkeeping` (the triage audit,
-heartbeats, backlog samples) and :mod:`.constraints` (their helpers).
+``notifications_retry.models.check_constraint``): :mod:`.channels` (with the tables' CHECK constraint
+helpers), :mod:`.notifications`, :mod:`.outbox`, :mod:`.recovery` (recovery jobs), :mod:`.health`
+(endpoint health: window buckets and changes), :mod:`.suppression` (the suppression list) and
+:mod:`.bookkeeping` (the triage audit, heartbeats, backlog samples).
 """
 
 from .bookkeeping import BacklogSample, DeadLetterAction, WorkerHeartbeat
-from .channels import ChannelConfig, ChannelConfigQuerySet
-from .constraints import check_constraint, range_constraint
+from .channels import ChannelConfig, ChannelConfigQuerySet, check_constraint, range_constraint
 from .health import CHANNEL_HEALTH_TOPIC, ChannelHealthBucket, ChannelHealthChange, HealthState
 from .notifications import CANCELLED_ERROR_KIND, NotificationEntity, NotificationQuerySet
 from .outbox import CONTRACT_VERSION, DELIVERY_STATUS_TOPIC, DISPATCHED_TOPIC, Outbox

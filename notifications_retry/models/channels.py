@@ -1,7 +1,14 @@
-"""Channels: how each one is delivered and retried."""
+"""Channels: how each one is delivered and retried; and the CHECK constraints of the tables.
+
+A channel's numbers each have a range (:mod:`notifications_retry.conf.bounds`), enforced here by the
+field's validators and by a CHECK built by :func:`range_constraint`. :func:`check_constraint` builds
+every table's CHECKs (the other table modules import it from here, the lowest of them; migrations
+name ``notifications_retry.models.check_constraint``).
+"""
 
 from __future__ import annotations
 
+import django
 from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -14,7 +21,20 @@ from notifications_retry.database.triggers import channel_triggers
 from notifications_retry.inputs.url_policy import resolution_problems
 from notifications_retry.inputs.validation import range_validators
 
-from .constraints import check_constraint, range_constraint
+
+def check_constraint(condition: Q, name: str) -> models.CheckConstraint:
+    """A CheckConstraint on every supported Django (``check=`` became ``condition=`` in 5.1)."""
+    if django.VERSION >= (5, 1):
+        return models.CheckConstraint(condition=condition, name=name)
+    return models.CheckConstraint(check=condition, name=name)  # type: ignore[call-arg]
+
+
+def range_constraint(field: str, bound: bounds.Bound, *, nullable: bool = False) -> models.CheckConstraint:
+    """CHECK low <= field <= high (PostgreSQL sorts NaN above every number, so it fails the upper end)."""
+    condition = Q(**{f"{field}__gte": bound.low}) & Q(**{f"{field}__lte": bound.high})
+    if nullable:
+        condition = Q(**{f"{field}__isnull": True}) | condition
+    return check_constraint(condition, f"nr_channel_{field}_range")
 
 
 class ChannelConfigQuerySet(models.QuerySet["ChannelConfig"]):

@@ -16,8 +16,7 @@ from notifications_retry.database.triggers import notification_triggers
 from notifications_retry.inputs.validation import reject_invalid_payload, reject_unstorable_text
 from notifications_retry.rules.outcomes import CANCELLED
 
-from .channels import ChannelConfig
-from .constraints import check_constraint
+from .channels import ChannelConfig, check_constraint
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (rules/outcomes.py)

@@ -13,8 +13,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .channels import ChannelConfig
-from .constraints import check_constraint
+from .channels import ChannelConfig, check_constraint
 from .notifications import NotificationEntity, NotificationQuerySet
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from notifications_retry.conf import bounds
 from notifications_retry.inputs.validation import normalize_recipient
 
-from .constraints import check_constraint
+from .channels import check_constraint
 from .notifications import NotificationEntity
 
 #: ``Suppression.channel`` of a suppression that applies to every channel.
