@@ -2,6 +2,5 @@
 
 :mod:`.clock` is the one clock due and lease decisions use; :mod:`.asyncio_bridge` runs the one event
 loop on a thread and a coroutine from synchronous code, and bounds an awaited call without mistaking
-a paused process for a slow answer (``deadline``); :mod:`.heap` sets the worker's garbage
-collector for a run of hours.
+a paused process for a slow answer (``deadline``).
 """

@@ -21,8 +21,8 @@ from django.utils import timezone
 
 import notifications_retry
 from notifications_retry.database.locks import AdvisoryLock
+from notifications_retry.management.commands.retry_worker import YOUNG_THRESHOLD
 from notifications_retry.models import NotificationEntity, WorkerHeartbeat
-from notifications_retry.runtime.heap import YOUNG_THRESHOLD
 from tests.factories import ChannelFactory, NotificationFactory
 from tests.support.databases import closed_port, scratch_database
 

@@ -1,4 +1,4 @@
-"""The worker's collector settings (notifications_retry.runtime.heap), on this process's own collector,
+"""The worker's collector settings (retry_worker's prepare_for_long_run), on this process's own collector,
 restored after each test."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from notifications_retry.runtime.heap import YOUNG_THRESHOLD, prepare_for_long_run
+from notifications_retry.management.commands.retry_worker import YOUNG_THRESHOLD, prepare_for_long_run
 
 
 @pytest.fixture(autouse=True)
