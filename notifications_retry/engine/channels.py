@@ -314,9 +314,9 @@ def next_wait(runtimes: Mapping[int, ChannelRuntime], now_mono: float) -> float:
 # --------------------------------------------------------------------------------------------------
 # The lane's channels as a worker loads them before each tick: their runtimes (engine.channels), kept across
 # ticks and rebuilt when a channel's configuration changes, and the channels that cannot send reported
-# (``channel-disabled``). Every configured channel of the lane, usable or not, has its labelled counter
-# series at zero from the worker's start (:meth:`ChannelSet.precreate_series`), and a channel added later
-# from the next load that reads it.
+# (``channel-disabled``). In a worker that serves ``/metrics``, every configured channel of the lane, usable
+# or not, has its labelled counter series at zero from the worker's start
+# (:meth:`ChannelSet.precreate_series`), and a channel added later from the next load that reads it.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -331,8 +331,12 @@ class ChannelSet:
         channels: Collection[str] | None,
         provider_factory: Callable[[ChannelConfig], Provider] | None = None,
         cap: InFlightCap | None = None,
+        *,
+        serving_metrics: bool = True,
     ) -> None:
         self.conf = conf
+        #: Whether this process serves ``/metrics``: only a scrape of it reads series created at zero.
+        self.serving_metrics = serving_metrics
         #: The worker's cap on calls in flight, shared by every runtime of this set.
         self.cap = cap if cap is not None else InFlightCap(None)
         #: This worker's part of every channel's limits: its partitions' part (1.0 with one partition).
@@ -384,7 +388,8 @@ class ChannelSet:
         """Usable channels of this lane, and how many due rows wait on each unusable one (by key)."""
         every = list(ChannelConfig.objects.all())
         configs = self._served(every)
-        self._precreate(configs)
+        if self.serving_metrics:
+            self._precreate(configs)
         usable: dict[int, ChannelRuntime] = {}
         unusable: dict[int, tuple[ChannelConfig, str]] = {}
         for config in configs:
@@ -418,9 +423,8 @@ class ChannelSet:
         for rt in usable.values():
             fallback_id = rt.config.fallback_id
             rt.fallback = usable.get(fallback_id) if fallback_id not in (None, rt.config.pk) else None
-            if rt.fallback is not None:
-                metrics.precreate_series([], [], [], failovers=[(rt.key, rt.fallback.key)])
-            elif fallback_id is not None:
+            # A usable pair's failover series were created with the load's others (_precreate).
+            if rt.fallback is None and fallback_id is not None:
                 target = every.get(fallback_id)
                 if target is None or fallback_id == rt.config.pk:
                     reason = "not a valid channel"

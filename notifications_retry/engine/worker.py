@@ -78,6 +78,9 @@ class WorkerOptions:
     lane: str
     #: The lane's priorities (``LANES[lane]["priorities"]``; None: every priority).
     priorities: list[int] | None
+    #: Whether this process serves ``/metrics`` (``retry_worker --metrics-port``, else ``METRICS_PORT``):
+    #: only then are the labelled series created at zero, for a scrape to see a first batch.
+    serving_metrics: bool = True
 
     @classmethod
     def of(
@@ -89,6 +92,7 @@ class WorkerOptions:
         interval: float | None = None,
         lane: str | None = None,
         max_in_flight: int | None = None,
+        serving_metrics: bool = True,
     ) -> WorkerOptions:
         """The options given, the settings for those not given; a ValueError names a bad one."""
         batch_size = batch_size if batch_size is not None else conf.BATCH_SIZE
@@ -109,7 +113,15 @@ class WorkerOptions:
                 raise ValueError(f"unknown lane {lane!r}; configured lanes: {sorted(conf.LANES) or 'none'}")
             lane_conf = conf.LANES[lane]
         priorities = list(lane_conf.get("priorities") or []) or None
-        return cls(batch_size, max_duration, interval, max_in_flight, lane or DEFAULT_LANE, priorities)
+        return cls(
+            batch_size,
+            max_duration,
+            interval,
+            max_in_flight,
+            lane or DEFAULT_LANE,
+            priorities,
+            serving_metrics,
+        )
 
 
 @dataclasses.dataclass
@@ -160,7 +172,7 @@ def build_parts(
     lock = lane_lock(conf, lane, rng)
     served = lane_channels(conf.LANES, lane)
     cap = InFlightCap(options.max_in_flight)
-    channels = ChannelSet(conf, conf.LANES, lane, served, cap=cap)
+    channels = ChannelSet(conf, conf.LANES, lane, served, cap=cap, serving_metrics=options.serving_metrics)
     #: What the loop runs besides ticks (the relay, housekeeping, the outbox gauges: the command adds
     #: them, engine.loop_tasks): after each tick, and in slices of the wait between ticks.
     tasks = LoopTasks(monotonic=monotonic, stopping=stopping)
@@ -260,6 +272,7 @@ class Worker:
         monotonic: Callable[[], float] = time.monotonic,
         heartbeat_file: str | None = None,
         wall: Callable[[], float] = time.time,
+        serving_metrics: bool = True,
     ) -> None:
         self.conf = conf = get_settings()
         self.options = options = WorkerOptions.of(
@@ -269,6 +282,7 @@ class Worker:
             interval=interval,
             lane=lane,
             max_in_flight=max_in_flight,
+            serving_metrics=serving_metrics,
         )
         self.batch_size, self.max_duration = options.batch_size, options.max_duration
         self.interval, self.max_in_flight, self.lane = options.interval, options.max_in_flight, options.lane
@@ -308,8 +322,9 @@ class Worker:
         self.claim_connection, self.beside_connection = parts.claim_connection, parts.beside_connection
         # Endpoint health changes are counted in this process's metrics (delivery/health.py signals them).
         channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
-        metrics.precreate_series([], [], [self.lane])
-        self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
+        if options.serving_metrics:
+            metrics.precreate_series([], [], [self.lane])
+            self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
 
     @property
     def waiter(self) -> Waiter:

@@ -3,7 +3,8 @@ configured for its lane (disabled ones too), and a channel added later has them 
 
 A series that first appears at N reads as no increase at all to ``increase()``: the first batch of
 dead letters after a deploy would not fire an alert. The scrape here is the exporter's text
-(``generate_latest``) of the process's registry, read as Prometheus reads it.
+(``generate_latest``) of the process's registry, read as Prometheus reads it. A worker that serves no
+``/metrics`` creates none: nothing would scrape them.
 """
 
 from __future__ import annotations
@@ -119,3 +120,36 @@ def test_a_worker_started_while_the_database_cannot_be_read_still_starts(monkeyp
         assert missing(scrape(), channel.key) == []  # the first tick's load created them
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("serving", [False, True])
+def test_retry_worker_creates_the_series_at_zero_only_when_it_serves_metrics(settings, monkeypatch, serving):
+    from django.core.management import call_command
+
+    from notifications_retry.management.commands.retry_worker import Command
+
+    tag = uuid.uuid4().hex[:8]
+    fallback = ChannelFactory(key=f"serve-inbox-{tag}", provider_key="in_app")
+    hook = ChannelFactory(
+        key=f"serve-hook-{tag}",
+        provider_key="webhook",
+        options={"url": "https://hooks.example.com/in"},
+        fallback=fallback,
+    )
+    settings.NOTIFICATIONS_RETRY = {"METRICS_PORT": None}
+    # The command is told to serve /metrics; nothing needs to listen for the registry to be read here.
+    monkeypatch.setattr(Command, "_serve_metrics", lambda self, addr, port: None)
+    call_command("retry_worker", "--once", "--no-relay", *(["--metrics-port", "0"] if serving else []))
+    samples = scrape()
+    for key in (fallback.key, hook.key):
+        assert missing(samples, key) == ([] if serving else expected_totals(key)), key
+    failovers = [
+        samples.get(
+            (
+                "notifications_retry_failovers_total",
+                (("channel", hook.key), ("fallback", fallback.key), ("outcome", outcome)),
+            )
+        )
+        for outcome in metrics.FAILOVER_OUTCOMES
+    ]
+    assert failovers == [0.0 if serving else None] * len(metrics.FAILOVER_OUTCOMES)

@@ -202,8 +202,9 @@ class Command(BaseCommand):
                 lane=options["lane"],
                 max_in_flight=options["max_in_flight"],
                 heartbeat_file=options["heartbeat_file"],
+                serving_metrics=port is not None,
             )
-            self._add_tasks(worker, options, serving_metrics=port is not None)
+            self._add_tasks(worker, options)
             worker.install_signal_handlers()
             # The collector set for a long run: what is loaded by now frozen, a young generation that
             # holds the calls in flight.
@@ -218,10 +219,10 @@ class Command(BaseCommand):
             status = failures.EXIT_STATUS.get(ticks[-1].error_kind, 3)
             raise CommandError(ticks[-1].error, returncode=status)
 
-    def _add_tasks(self, worker: Worker, options: dict[str, Any], *, serving_metrics: bool = True) -> None:
-        """What the worker's loop runs besides its ticks (engine.loop_tasks). ``serving_metrics``: this
-        process serves ``/metrics``; without it the outbox's gauges would be set where nothing reads them."""
-        if serving_metrics:
+    def _add_tasks(self, worker: Worker, options: dict[str, Any]) -> None:
+        """What the worker's loop runs besides its ticks (engine.loop_tasks). The outbox's gauges only
+        when this process serves ``/metrics``: elsewhere they would be set where nothing reads them."""
+        if worker.options.serving_metrics:
             worker.tasks.add(OutboxGauges(worker.clock))
         # Every worker, elected or not: a row it can never take is set aside after its first tick.
         worker.tasks.add(UnreadableDueTimes(worker.clock))
