@@ -38,6 +38,8 @@ log = structlog.get_logger("notifications_retry.tracking")
 
 #: The metadata key the ``django_email`` provider sends with each message (ESPs echo metadata back).
 METADATA_KEY = TRACKING_METADATA_KEY
+#: The receiver's name on anymail's ``tracking`` signal (``AppConfig.ready`` connects it once by it).
+DISPATCH_UID = "notifications_retry.tracking"
 
 _REJECT_REASONS = {
     "invalid": "invalid_recipient",
@@ -155,14 +157,4 @@ def on_tracking(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
     )
 
 
-def connect() -> bool:
-    """Connect :func:`on_tracking` to anymail's ``tracking`` signal; False when anymail is not installed."""
-    try:
-        from anymail.signals import tracking
-    except ImportError:
-        return False
-    tracking.connect(on_tracking, dispatch_uid="notifications_retry.tracking")
-    return True
-
-
-__all__ = ["METADATA_KEY", "connect", "on_tracking", "permanent_bounce", "read_event", "smtp_class"]
+__all__ = ["DISPATCH_UID", "METADATA_KEY", "on_tracking", "permanent_bounce", "read_event", "smtp_class"]
