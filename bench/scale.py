@@ -44,7 +44,7 @@ RATE = 200.0
 RATE_TARGET = 1.05
 TENANT_RATE, TENANTS = 50.0, 4
 
-# The lane's presence: one shared advisory lock per live worker (engine.partitions).
+# The lane's presence: one shared advisory lock per live worker (database.locks).
 _PRESENT = """
 SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ShareLock'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

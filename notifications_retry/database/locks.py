@@ -1,4 +1,10 @@
-"""The cycle's single-owner lock: a PostgreSQL session advisory lock on a dedicated, direct connection.
+"""The advisory locks a worker holds, and how long a held lock can be trusted.
+
+- :class:`AdvisoryLock`: the cycle's single-owner lock, a PostgreSQL session advisory lock on a
+  dedicated, direct connection (:func:`dedicated_connection`); a waiting worker LISTENs on its session.
+- :func:`lane_lock` and :class:`PartitionLock`: the lock a lane's worker ticks under, the lane's one
+  lock, or with ``PARTITIONS`` above 1 its share of the lane's partitions, each with a lock of its own.
+- :class:`Ownership`: whether a send may still start, the lock seen held lately.
 
 A session lock dies with its connection, so a killed owner frees it at once; the connection's
 ``idle_session_timeout`` and TCP keepalives bound how long a hung owner can keep it. Both hold only on a
@@ -12,13 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
-from typing import Any
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.db import connections
 
+from notifications_retry.conf import DEFAULT_LANE
 from notifications_retry.database.tcp_settings import TCP_SETTINGS
+
+if TYPE_CHECKING:
+    import random
+
+    from notifications_retry.conf import RetrySettings
 
 logger = logging.getLogger(__name__)
 
@@ -298,3 +311,282 @@ class AdvisoryLock:
                 self._conn.close()
         self._conn = None
         self._pid = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Partitions of a lane's backlog, one owner each: the advisory locks that let identical workers share it,
+# and whether a send may still start under them (:class:`Ownership`, below).
+#
+# With ``PARTITIONS`` = N above 1, every notification belongs to partition
+# ``hash(id) mod N`` (computed in the claim's SQL: ``delivery.claim_statements.PARTITION_OF``), and
+# partition p has an advisory lock of its own, derived from the lane's lock name. A worker owns the
+# partitions whose locks it took, and its ticks claim only their rows: one owner per partition's cycle, as
+# one owner per lane's cycle with a single partition (N = 1 is exactly the lane's one lock, so a single
+# worker's deployment is unchanged).
+#
+# How many workers are alive: each holds a *shared* advisory lock on the lane's presence key for as long
+# as its lock session lives, so ``pg_locks`` lists one holder per live worker. A killed worker's session
+# ends and takes its presence and its partitions with it; a hung one's is ended by the server's
+# ``idle_session_timeout``. No table, no heartbeat to expire: the database's own view of the sessions.
+#
+# A worker takes at most its fair share, ``ceil(N / live workers)``, of the free partitions, and keeps
+# them from one tick to the next (so a partition is free only when its owner died or gave it back).
+# Every ``engine.dispatcher.LOCK_CHECK_SECONDS`` a tick looks again (one ``pg_locks`` statement, which
+# also proves its locks held), and between ticks every :data:`RETRY_SECONDS`: when the worker holds more
+# than its share (a worker joined), or less while a partition is free (a worker died),
+# :attr:`PartitionLock.rebalance_due` ends the tick, or starts the next, which takes its share afresh.
+# --------------------------------------------------------------------------------------------------
+
+#: Between ticks, how often a worker short of its fair share tries again to take free partitions.
+RETRY_SECONDS = 2.0
+
+# Every lock of this lane's partitions and its presence key that anyone holds, with the asking session's
+# pid (a row with null key when none is held): advisory locks are per database.
+_SNAPSHOT = """
+SELECT pg_backend_pid(), l.key, l.pid, l.mode
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT ((classid::bigint << 32) | objid::bigint) AS key, pid, mode FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND ((classid::bigint << 32) | objid::bigint) = ANY(%s::bigint[])
+) AS l ON true
+"""
+
+_KEYS = "SELECT hashtextextended(n, 0) FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i) ORDER BY i"
+
+
+def lock_names(base: str, partitions: int) -> list[str]:
+    """The advisory lock names of a lane's partitions: the lane's own lock when there is one partition."""
+    if partitions == 1:
+        return [base]
+    return [f"{base}:partition:{p}" for p in range(partitions)]
+
+
+def presence_name(base: str) -> str:
+    """The name of the lane's presence key, held shared by every live worker of the lane."""
+    return f"{base}:workers"
+
+
+def fair_share(partitions: int, workers: int) -> int:
+    """The most partitions one of ``workers`` live workers may hold: ``ceil(partitions / workers)``."""
+    return math.ceil(partitions / max(1, workers))
+
+
+def lane_lock(conf: RetrySettings, lane: str, rng: random.Random) -> AdvisoryLock:
+    """The lock a worker of ``lane`` ticks under. One partition: the lane's one lock, exactly as a
+    single worker always had it. More: a lock per partition, and workers share the lane's rows by
+    partition (``rng`` picks the partition a worker tries first, so workers starting together spread)."""
+    name = conf.LOCK_KEY if lane == DEFAULT_LANE else f"{conf.LOCK_KEY}:{lane}"
+    using = conf.LOCK_DATABASE_ALIAS
+    if conf.PARTITIONS == 1:
+        return AdvisoryLock(name, using=using)
+    partitions, first = conf.PARTITIONS, rng.randrange(conf.PARTITIONS)
+    return PartitionLock(name, partitions=partitions, using=using, first=first)
+
+
+class PartitionLock(AdvisoryLock):
+    """The partitions a worker owns, their advisory locks and its presence, on one direct session.
+
+    Used like :class:`AdvisoryLock` by the worker: :meth:`acquire`
+    begins a tick with a fair share (True when it owns a partition), :meth:`still_held` proves them held,
+    :meth:`release` ends the tick (the partitions stay owned), :meth:`close` gives them and the presence
+    back.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        partitions: int,
+        using: str = "default",
+        idle_session_timeout: int = LOCK_IDLE_SESSION_TIMEOUT_SECONDS,
+        first: int = 0,
+    ) -> None:
+        super().__init__(name, using=using, idle_session_timeout=idle_session_timeout)
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        self.partitions = partitions
+        self.names = lock_names(name, partitions)
+        #: The partition this worker tries first (then the next ones): workers starting together
+        #: spread over the partitions instead of all trying partition 0.
+        self.first = first % partitions
+        self._keys: list[int] = []
+        self._presence_key = 0
+        self._present = False
+        #: The partitions this worker owns now (sorted); the claim takes only their rows.
+        self.owned: tuple[int, ...] = ()
+        #: Live workers of the lane (presence holders) and this worker's fair share, as last seen.
+        self.live_workers = 1
+        self.share = partitions
+        #: The last acquisition took fewer partitions than the fair share (others held them).
+        self.short = False
+        #: The tick should end: this worker holds more than its share, or less while a partition is free.
+        self.rebalance_due = False
+
+    def _prove_direct(self, conn: psycopg.Connection[Any]) -> tuple[int, int]:
+        pid, key = super()._prove_direct(conn)
+        rows = conn.execute(_KEYS, ([*self.names, presence_name(self.name)],)).fetchall()
+        keys = [int(row[0]) for row in rows]
+        self._keys, self._presence_key = keys[:-1], keys[-1]
+        return pid, key
+
+    def _discard(self) -> None:
+        super()._discard()
+        self._present = False
+        self.owned = ()
+
+    def _look(self, conn: psycopg.Connection[Any]) -> tuple[dict[int, list[tuple[int, str]]], int]:
+        """Who holds which of the lane's keys now, and the session's pid (LockNotDirect if not ours)."""
+        rows = conn.execute(_SNAPSHOT, ([*self._keys, self._presence_key],)).fetchall()
+        pid = int(rows[0][0])
+        if pid != self._pid:
+            self._abandon()
+            raise LockNotDirect(
+                self.using,
+                f"the partitions' locks were looked at in server process {pid}, not in the session "
+                f"proven at connect time (pid {self._pid})",
+            )
+        holders: dict[int, list[tuple[int, str]]] = {}
+        for _, key, holder, mode in rows:
+            if key is not None:
+                holders.setdefault(int(key), []).append((int(holder), str(mode)))
+        return holders, pid
+
+    def _judge(self, holders: dict[int, list[tuple[int, str]]]) -> list[int]:
+        """Count the live workers and the fair share; the partitions nobody holds."""
+        self.live_workers = max(1, len(holders.get(self._presence_key, [])))
+        self.share = fair_share(self.partitions, self.live_workers)
+        return [p for p, key in enumerate(self._keys) if key not in holders]
+
+    def acquire(self) -> bool:
+        """A tick begins: keep the partitions owned (up to the fair share, giving back the rest) and take
+        free ones up to the share. True when the worker owns at least one."""
+        self.rebalance_due = False
+        try:
+            conn = self._connect()
+            if not self._present:
+                row = conn.execute("SELECT pg_try_advisory_lock_shared(%s)", (self._presence_key,)).fetchone()
+                self._present = bool(row and row[0])
+            holders, pid = self._look(conn)
+            free = self._judge(holders)
+            mine = [p for p in self.owned if (pid, "ExclusiveLock") in holders.get(self._keys[p], [])]
+            keep, extra = mine[: self.share], mine[self.share :]
+            if extra:
+                self._unlock(conn, extra)
+            taken: list[int] = []
+            for p in self._order(free):
+                if len(keep) + len(taken) >= self.share:
+                    break
+                row = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (self._keys[p],)
+                ).fetchone()
+                assert row is not None
+                if int(row[1]) != pid:
+                    self._abandon()
+                    raise LockNotDirect(
+                        self.using, f"partition {p}'s lock was tried in server process {row[1]}, not {pid}"
+                    )
+                if row[0]:
+                    taken.append(p)
+        except psycopg.Error as exc:
+            self.last_error = exc
+            self._discard()
+            return False
+        self.last_error = None
+        self.owned = tuple(sorted(keep + taken))
+        self.short = len(self.owned) < self.share
+        self.held = bool(self.owned)
+        return self.held
+
+    def _order(self, free: Sequence[int]) -> list[int]:
+        """The free partitions in the order to try them: from :attr:`first` on, wrapping around."""
+        return sorted(free, key=lambda p: (p - self.first) % self.partitions)
+
+    def still_held(self) -> bool:
+        """Whether every owned partition is still this session's; also decides :attr:`rebalance_due`."""
+        if not self.held or self._conn is None or self._conn.closed:
+            return False
+        try:
+            holders, pid = self._look(self._conn)
+        except psycopg.Error:
+            self._discard()
+            return False
+        mine = {key for key, owners in holders.items() if (pid, "ExclusiveLock") in owners}
+        if any(self._keys[p] not in mine for p in self.owned):
+            self.held = False
+            return False
+        self._decide(self._judge(holders))
+        return True
+
+    def look(self) -> bool:
+        """Between ticks: whether the next tick should start now to take or give back partitions."""
+        if self._conn is None or self._conn.closed:
+            return True  # the next tick reconnects and takes its share
+        holders, _ = self._look(self._conn)
+        self._decide(self._judge(holders))
+        return self.rebalance_due
+
+    def _decide(self, free: Sequence[int]) -> None:
+        count = len(self.owned)
+        self.rebalance_due = count > self.share or (count < self.share and bool(free))
+
+    def release(self) -> None:
+        """A tick ends: its partitions stay owned, so a worker keeps its rows from one tick to the next
+        (and a partition is free only when its owner died or gave it back); :meth:`close` frees them."""
+        self.held = False
+
+    def close(self) -> None:
+        """Give back every partition and the presence: the lock session ends."""
+        self.held = False
+        self._discard()
+
+    def _unlock(self, conn: psycopg.Connection[Any], partitions: Sequence[int]) -> None:
+        conn.execute(
+            "SELECT pg_advisory_unlock(k) FROM unnest(%s::bigint[]) AS k",
+            ([self._keys[p] for p in partitions],),
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Whether this worker still owns the cycle, known before each new provider call.
+#
+# The cycle's lock lives on a session of its own (:class:`AdvisoryLock`, above); PostgreSQL
+# ends that session once it idles past ``LOCK_IDLE_SESSION_TIMEOUT_SECONDS``, and a standby then takes the
+# lock and, once their leases run out, the rows. A process that was frozen (SIGSTOP, a paused VM) past that
+# timeout must start nothing when it resumes. So a send may start only within :attr:`Ownership.window`
+# seconds of the last time the lock was seen held: shorter than the idle timeout, a freeze long enough to
+# lose the lock always outlasts it, and the worker's thread confirms the lock again (or learns it is lost)
+# before any more calls start.
+# --------------------------------------------------------------------------------------------------
+
+#: The longest a confirmation lets calls start (the window is also at most half the idle timeout).
+WINDOW_SECONDS = 5.0
+
+
+class Ownership:
+    """When the lock was last seen held, and whether a send may start now."""
+
+    def __init__(self, monotonic: Callable[[], float], idle_session_timeout: float) -> None:
+        self.monotonic = monotonic
+        self.window = min(WINDOW_SECONDS, float(idle_session_timeout) / 2)
+        self._confirmed_at: float | None = None
+        self.lost = False
+
+    def begin(self, at: float) -> None:
+        """A tick took the lock at ``at``: owned, confirmed then."""
+        self._confirmed_at, self.lost = at, False
+
+    def confirm(self, held: bool, at: float) -> None:
+        """What the lock's session said at ``at``; once lost, the tick never owns the cycle again."""
+        if held and not self.lost:
+            self._confirmed_at = at
+        else:
+            self.lost = True
+
+    def may_send(self, at: float | None = None) -> bool:
+        """Whether a new provider call may start now: the lock was seen held within the window."""
+        if self.lost or self._confirmed_at is None:
+            return False
+        at = self.monotonic() if at is None else at
+        return at - self._confirmed_at < self.window

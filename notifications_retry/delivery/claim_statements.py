@@ -109,7 +109,7 @@ ESTIMATE_14 = (
 )
 ESTIMATE_13 = "LEAST(90::bigint * pg_column_size(t.payload), %(max_payload)s)"
 
-# A row's partition (PARTITIONS above 1, engine.partitions): PostgreSQL's hash of the uuid, the one hash
+# A row's partition (PARTITIONS above 1, database.locks): PostgreSQL's hash of the uuid, the one hash
 # partitioning uses, so it is stable across versions and upgrades; the sign bit is masked off (abs() of the
 # smallest bigint overflows). Computed from the row: no column, no migration. By id, not by tenant: a
 # big tenant's backlog spreads over every partition (its fairness is the claim's order's business).
@@ -381,7 +381,7 @@ class ChannelClaim:
 
 @dataclasses.dataclass(frozen=True)
 class Partitions:
-    """The partitions a claim may take rows of: ``owned`` among ``count`` (engine.partitions)."""
+    """The partitions a claim may take rows of: ``owned`` among ``count`` (database.locks)."""
 
     count: int
     owned: tuple[int, ...]

@@ -2,8 +2,8 @@
 
 Its modules, from the top of its import layers (pyproject.toml, "engine's layers") down:
 
-- ``.worker``: the loop of ticks under the cycle's advisory lock, the wait between ticks, a graceful
-  stop and the heartbeat file.
+- ``.worker``: the loop of ticks under the cycle's advisory lock (``database.locks``: the lane's lock,
+  or a share of its partitions), the wait between ticks, a graceful stop and the heartbeat file.
 - ``.loop_tasks``: what the loop runs besides ticks (the outbox relay, housekeeping, the outbox gauges,
   which the command hands it), after each tick and in slices of the wait; a failed task backs off.
 - ``.dispatcher``: one tick's scheduling loop, on the worker's thread: claim what can start soon,
@@ -32,9 +32,6 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   across its channels (``InFlightCap``).
 - ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for its claims and
   commits, one transaction at a time.
-- ``.partitions``: the lock a lane's worker ticks under; with ``PARTITIONS`` > 1, a lane's rows shared by
-  identical workers: a lock per partition, a fair share each; whether a send may start
-  (``Ownership``: the cycle's lock seen held lately).
 - ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.
 - ``.reporting``: a tick's stats, the metrics, log events and signal of each committed outcome, and
   after a tick its bookkeeping (``Bookkeeping``: the lane's heartbeat row, the backlog's gauges and

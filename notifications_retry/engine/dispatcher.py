@@ -27,7 +27,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import RetrySettings
-from notifications_retry.database.locks import AdvisoryLock
+from notifications_retry.database.locks import AdvisoryLock, Ownership, PartitionLock
 from notifications_retry.delivery import Partitions
 from notifications_retry.delivery.health import disables_at_once
 from notifications_retry.engine.channels import ChannelRuntime, next_wait
@@ -44,7 +44,6 @@ from notifications_retry.engine.flow_control import (
     take_queue,
     throttles,
 )
-from notifications_retry.engine.partitions import Ownership, PartitionLock
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.rules.outcomes import SENT, ClaimedRecord, Outcome
@@ -297,7 +296,7 @@ class Dispatcher:
         return self._send_inline(rt, record, out)
 
     def _may_send(self, at: float | None = None) -> bool:
-        """Whether a new provider call may start: no stop asked, the cycle still ours (engine.partitions)."""
+        """Whether a new provider call may start: no stop asked, the cycle still ours (database.locks)."""
         return not self.stopping() and self.ownership is not None and self.ownership.may_send(at)
 
     def _stop(self, rt: ChannelRuntime, why: str) -> None:

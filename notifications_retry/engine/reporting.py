@@ -54,7 +54,7 @@ class TickStats:
     lock_lost: bool = False
     stopped: bool = False
     deadline_reached: bool = False
-    #: The tick ended early to take or give back partitions (engine.partitions).
+    #: The tick ended early to take or give back partitions (database.locks).
     rebalanced: bool = False
     #: The partitions the tick owned (PARTITIONS above 1; empty otherwise).
     partitions: list[int] = dataclasses.field(default_factory=list)

@@ -36,9 +36,8 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
-from notifications_retry.database.locks import AdvisoryLock
+from notifications_retry.database.locks import RETRY_SECONDS, AdvisoryLock, PartitionLock
 from notifications_retry.delivery import wakeup
-from notifications_retry.engine.partitions import RETRY_SECONDS, PartitionLock
 from notifications_retry.engine.reporting import TickStats
 from notifications_retry.observability.heartbeat_file import BEAT_SECONDS
 from notifications_retry.rules.backoff import exponential_delay

@@ -6,7 +6,7 @@ directly with an injected clock (wall time for due decisions), ``monotonic`` (pa
 (:class:`WorkerOptions`) by :func:`build_parts`; the worker runs them. What a tick does is the
 :class:`~.dispatcher.Dispatcher`'s; how one record is sent is the :class:`~.executor.Executor`'s; how
 outcomes are committed is the :class:`~.completer.Completer`'s; which lock a worker ticks under,
-:func:`~.partitions.lane_lock`'s.
+:func:`~notifications_retry.database.locks.lane_lock`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from structlog.typing import FilteringBoundLogger
 
 from notifications_retry.conf import DEFAULT_LANE, RetrySettings, get_settings, lane_channels
-from notifications_retry.database.locks import AdvisoryLock
+from notifications_retry.database.locks import AdvisoryLock, PartitionLock, lane_lock
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.engine import failures
 from notifications_retry.engine.channels import ChannelSet
@@ -44,7 +44,6 @@ from notifications_retry.engine.executor import (
 )
 from notifications_retry.engine.flow_control import InFlightCap
 from notifications_retry.engine.loop_tasks import LoopTasks
-from notifications_retry.engine.partitions import PartitionLock, lane_lock
 from notifications_retry.engine.reporting import Bookkeeping, OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import LockConnectionPort, Waiter, reopens_at, wake_after
 from notifications_retry.observability import metrics, tracing

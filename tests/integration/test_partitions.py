@@ -9,10 +9,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from notifications_retry.database.locks import AdvisoryLock
+from notifications_retry.database.locks import AdvisoryLock, PartitionLock, fair_share, lock_names
 from notifications_retry.delivery import ChannelClaim, ClaimRequest, Partitions, claim_due, claim_query
 from notifications_retry.delivery.claim_statements import PARTITION_OF
-from notifications_retry.engine.partitions import PartitionLock, fair_share, lock_names
 from notifications_retry.engine.worker import Worker
 from notifications_retry.models import NotificationEntity
 from tests.factories import ChannelFactory, due_notifications

@@ -125,10 +125,10 @@ def test_rows_claimed_as_the_circuit_opened_are_given_back_not_left_queued(clock
     # A claim already running when a call's answer opened the circuit brings rows the channel can no
     # longer send this tick: they are given back with their attempt (the tick once looped on them).
     from notifications_retry.conf import get_settings
+    from notifications_retry.database.locks import Ownership
     from notifications_retry.delivery import ChannelClaim, ClaimRequest, claim_due
     from notifications_retry.engine.channels import ChannelRuntime
     from notifications_retry.engine.dispatcher import Dispatcher
-    from notifications_retry.engine.partitions import Ownership
     from notifications_retry.providers.webhook import WebhookProvider
 
     channel = ChannelFactory(

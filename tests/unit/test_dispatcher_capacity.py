@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from notifications_retry.conf import get_settings
+from notifications_retry.database.locks import Ownership
 from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECONDS, ChannelRuntime
 from notifications_retry.engine.flow_control import FlowFeedback
-from notifications_retry.engine.partitions import Ownership
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.webhook import WebhookProvider
 from notifications_retry.rules.backoff import LEASED_ROUNDS, start_allowance_seconds

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notifications_retry.engine.partitions import WINDOW_SECONDS, Ownership
+from notifications_retry.database.locks import WINDOW_SECONDS, Ownership
 
 
 def test_a_send_may_start_within_the_window_of_the_last_confirmation():

@@ -98,7 +98,7 @@ def test_a_lock_lost_during_a_spread_burst_gives_back_what_had_not_started_and_t
 def test_a_stop_between_a_starts_spawn_and_its_first_step_sends_nothing_even_unspread():
     """A start's first step may come a while after the dispatcher's pass that made it a task (a loaded
     machine): with no spread at all (no call has ended yet), it still asks whether it may send."""
-    from notifications_retry.engine.partitions import Ownership
+    from notifications_retry.database.locks import Ownership
     from notifications_retry.runtime.asyncio_bridge import SteppedLoop
 
     time, loop, stop = FakeTime(), SteppedLoop(), [False]
