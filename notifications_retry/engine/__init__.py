@@ -30,8 +30,6 @@ Its modules, from the top of its import layers (pyproject.toml, "engine's layers
   what an outcome tells them (``FlowFeedback``: a throttle pauses the channel, failures open its
   circuit; the records it hands back, ``Returned``) and the worker's own cap on calls in flight
   across its channels (``InFlightCap``).
-- ``.loop_connection``: the asynchronous psycopg connection the send loop keeps for its claims and
-  commits, one transaction at a time.
 - ``.ports``: what a tick asks of the database (claim, release), a Protocol unit tests fake.
 - ``.reporting``: a tick's stats, the metrics, log events and signal of each committed outcome, and
   after a tick its bookkeeping (``Bookkeeping``: the lane's heartbeat row, the backlog's gauges and

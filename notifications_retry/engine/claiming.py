@@ -4,7 +4,7 @@ taking in what each claim returned.
 A claim settles inline channels' records on the spot (their outcomes are written by the claim's own
 transaction) and leases the others for the send loop. Claims run on the :class:`ClaimConnection`, the
 asynchronous psycopg connection the send loop awaits them on, the commits' too, in turn
-(engine.loop_connection): the calls in flight go on while the server claims. With a backlog of inline
+(delivery.session.LoopConnection): the calls in flight go on while the server claims. With a backlog of inline
 rows one claim at a time leaves a core idle: the worker's Python and the server take turns. So once a
 claim of inline channels alone came back full, every claim has another running beside it on a second
 connection, a task of the same loop: while one waits for the server, the other's Python (reading its
@@ -48,10 +48,9 @@ from notifications_retry.delivery import (
     claim_due_async,
 )
 from notifications_retry.delivery.claim import Settle
-from notifications_retry.delivery.session import drop_broken_connection
+from notifications_retry.delivery.session import LoopConnection, NotConnected, drop_broken_connection
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.engine.completer import Commits
-from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
 from notifications_retry.engine.ports import POSTGRES, TickDatabase
 from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.exceptions import first_line
@@ -71,7 +70,7 @@ _REDONE = (psycopg.Error, NeedsDjango, NotConnected)
 
 
 class ClaimConnection(LoopConnection):
-    """Claims awaited on the worker's send loop, on its connection (engine.loop_connection)."""
+    """Claims awaited on the worker's send loop, on its connection (delivery.session.LoopConnection)."""
 
     async def claim(self, request: ClaimRequest, *, connect: bool, settle: Settle | None) -> ClaimBatch:
         """The claim, awaited on the send loop (the calls in flight go on meanwhile); raises psycopg's
@@ -243,7 +242,7 @@ class Claims:
     def _start_pair(self, plan: list[ChannelClaim], remaining: int, bound: FilteringBoundLogger) -> bool:
         """Start a claim on each open connection not claiming already; whether any claim is under way.
 
-        Claims in the background never connect (engine.loop_connection): the second connection is
+        Claims in the background never connect (delivery.session.LoopConnection): the second connection is
         opened here, by the loop's owner; one it cannot open leaves the claims one at a time.
         """
         claiming = {id(claim.connection) for claim in self.under_way}

@@ -38,7 +38,7 @@ from notifications_retry.delivery import (
     finalize,
     finalize_async,
 )
-from notifications_retry.engine.loop_connection import LoopConnection, NotConnected
+from notifications_retry.delivery.session import LoopConnection, NotConnected
 from notifications_retry.exceptions import first_line
 from notifications_retry.observability import metrics
 from notifications_retry.rules.backoff import exponential_delay
@@ -294,7 +294,7 @@ def commit_in_hand(
 # (about 30 ms for a batch at high concurrency) made every claim behind it wait, so the calls in flight
 # drained while nothing new was claimed. Here the commits are one task of the send loop
 # (:class:`~notifications_retry.runtime.asyncio_bridge.SteppedLoop`), awaited on the loop's asynchronous
-# psycopg connection (engine.loop_connection), which the claims use too, in turns: they progress whenever
+# psycopg connection (delivery.session), which the claims use too, in turns: they progress whenever
 # the worker waits for its calls, as the sends do, and a commit waits at most for the claim under way. That
 # connection is opened on the worker's thread, the loop run until it is open, never by the task in the
 # background (a half-done connect would hold a restarting server up); a commit that finds it closed goes to
@@ -461,7 +461,7 @@ class LoopCompleter:
             self._loop.spawn([self._commits()])
 
     def _connect(self) -> None:
-        """Open the loop's connection here, on the loop's owner (engine.loop_connection: never in the
+        """Open the loop's connection here, on the loop's owner (delivery.session.LoopConnection: never in the
         background); when it cannot be opened, the task leaves its batches to Django's connection."""
         monotonic, conn = self._completer.monotonic, self._connection
         if conn is None or conn.open or monotonic() < self._connect_after:

@@ -215,8 +215,8 @@ def build_parts(
         max_batch=chunk_size(options.batch_size),
         slots=cap,
     )
-    # Claims and commits run on the send loop's connection, taking turns (engine.loop_connection), and
-    # a second claimer beside them on a backlog of inline rows — unless this thread is inside a
+    # Claims and commits run on the send loop's connection, taking turns (delivery.session.LoopConnection),
+    # and a second claimer beside them on a backlog of inline rows — unless this thread is inside a
     # transaction (a test's), whose rows no other connection can see.
     beside = not connection.in_atomic_block
     claim_connection = ClaimConnection(send_loop, role="loop") if beside else None
