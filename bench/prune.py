@@ -14,7 +14,7 @@ In one run, on the benchmark database (``nr_prune_bench`` of the local server by
 4. the same prune alone, on the rows seeded again: rows deleted a second;
 5. a pass that finds nothing to delete (every Sent row younger than the retention): what an hourly run
    costs once the table is pruned, seconds per pass and rows walked a second;
-6. the outbox gauges' reading (``observability.health.outbox_backlog``, what every worker runs each
+6. the outbox gauges' reading (``Outbox.objects.backlog``, what every worker runs each
    10 s) with ``--unpublished`` events waiting among ``--rows`` published ones.
 
 Figures move between runs and machines: compare the claim's figures of one run with each other.
@@ -140,7 +140,7 @@ def gauge_reading_ms(published: int, unpublished: int, repeat: int = 50) -> floa
     """Median milliseconds of the outbox gauges' reading with ``unpublished`` events waiting."""
     from django.db import connection
 
-    from notifications_retry.observability.health import outbox_backlog
+    from notifications_retry.models import Outbox
 
     with connect(autocommit=True) as conn:
         conn.execute("TRUNCATE notifications_retry_outbox")
@@ -151,7 +151,7 @@ def gauge_reading_ms(published: int, unpublished: int, repeat: int = 50) -> floa
     times = []
     for _ in range(repeat + 3):
         started = time.perf_counter()
-        backlog = outbox_backlog(datetime.now(UTC))
+        backlog = Outbox.objects.backlog(datetime.now(UTC))
         times.append((time.perf_counter() - started) * 1000)
     assert backlog.unpublished == unpublished, backlog
     return statistics.median(times[3:])

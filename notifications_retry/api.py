@@ -40,12 +40,11 @@ from notifications_retry.inputs.validation import (
     check_text,
     validate_notification,
 )
-from notifications_retry.observability.health import Backlog, StatusRow, backlog, status_breakdown
 from notifications_retry.rules.outcomes import CANCELLED, Failure
 from notifications_retry.runtime.clock import default_clock
 
 from .conf import get_settings
-from .models import ALL_CHANNELS, ChannelConfig, NotificationEntity, Suppression
+from .models import ALL_CHANNELS, Backlog, ChannelConfig, NotificationEntity, StatusRow, Suppression
 from .providers import payload_problems
 
 __all__ = [
@@ -247,7 +246,8 @@ class QueueStats:
 def queue_stats(now: datetime | None = None) -> QueueStats:
     """Queue health now: due rows, retry backlog, dead letters, counts and max age by status."""
     now = arguments.optional_aware_datetime("now", now) or timezone.now()
-    return QueueStats(backlog=backlog(now), by_status=status_breakdown(now))
+    rows = NotificationEntity.objects
+    return QueueStats(backlog=rows.backlog(now), by_status=rows.status_breakdown(now))
 
 
 # -- the monolith's dispatcher hands over ----------------------------------------------------------

@@ -13,7 +13,6 @@ from django.urls import reverse
 
 from notifications_retry.conf import get_settings, heartbeat_max_age
 from notifications_retry.models import BacklogSample, ChannelConfig, NotificationEntity, WorkerHeartbeat
-from notifications_retry.observability import health
 from notifications_retry.runtime.clock import default_clock
 
 from .chart import DEFAULT_RANGE, RANGES, axis_start, backlog_chart
@@ -35,7 +34,7 @@ def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[s
     """
     conf = get_settings()
     channel_ids = dict(ChannelConfig.objects.values_list("key", "pk"))
-    breakdown = health.status_breakdown(now)
+    breakdown = NotificationEntity.objects.status_breakdown(now)
     statuses = [s.value for s in NotificationEntity.Status]
     status_totals = {s: {"count": 0, "oldest": 0.0} for s in statuses}
     rows = []
@@ -63,7 +62,7 @@ def dashboard_context(now: datetime, chart_range: str = DEFAULT_RANGE) -> dict[s
         }
         for s, t in status_totals.items()
     ]
-    backlog = health.backlog(now)
+    backlog = NotificationEntity.objects.backlog(now)
     since = now - timedelta(hours=24)
     terminal: list[dict[str, Any]] = [
         dict(row)

@@ -96,7 +96,8 @@ class QueueStateFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value, now = self.value(), timezone.now()
         # A leased row has no due_at (triggers.DUE_AT_RULE). A lease past its expiry (its worker died)
-        # is due, given back by a claim yet or not, as the backlog counts it (observability.health).
+        # is due, given back by a claim yet or not, as the backlog counts it
+        # (``NotificationEntity.objects.backlog``).
         if value == "due":
             rows = _notifications(queryset)
             return rows.due(now) | rows.lapsed(now)

@@ -28,8 +28,8 @@ from notifications_retry.database.locks import LockNotDirect
 from notifications_retry.delivery import unreadable_times
 from notifications_retry.engine.wakeup import WakeupPort
 from notifications_retry.exceptions import first_line
+from notifications_retry.models import Outbox
 from notifications_retry.observability import metrics
-from notifications_retry.observability.health import outbox_backlog
 from notifications_retry.rules.backoff import exponential_delay
 from notifications_retry.runtime.clock import Clock
 
@@ -210,7 +210,7 @@ class OutboxGauges:
         self.clock = clock
 
     def run(self, budget: float) -> float:
-        backlog = outbox_backlog(self.clock.now())
+        backlog = Outbox.objects.backlog(self.clock.now())
         metrics.OUTBOX_UNPUBLISHED.set(backlog.unpublished)
         metrics.OUTBOX_OLDEST_UNPUBLISHED_AGE.set(backlog.oldest_unpublished_age_seconds)
         return GAUGE_SECONDS

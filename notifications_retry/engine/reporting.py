@@ -19,9 +19,8 @@ from structlog.typing import FilteringBoundLogger
 from notifications_retry.conf import DEFAULT_LANE
 from notifications_retry.delivery import FinalizeReport
 from notifications_retry.delivery.session import bound_transaction
-from notifications_retry.models import BacklogSample, WorkerHeartbeat
+from notifications_retry.models import BacklogSample, NotificationEntity, WorkerHeartbeat
 from notifications_retry.observability import metrics
-from notifications_retry.observability.health import backlog
 from notifications_retry.observability.logging import redact
 from notifications_retry.rules.outcomes import RETRY, SENT, Outcome
 from notifications_retry.runtime.clock import Clock
@@ -238,7 +237,7 @@ class Bookkeeping:
         self.booked_at = now_mono
         try:
             now = self.clock.now()
-            current = backlog(now)
+            current = NotificationEntity.objects.backlog(now)
             metrics.FAILED_BACKLOG.set(current.failed_backlog)
             metrics.DUE_BACKLOG.set(current.due)
             metrics.OLDEST_DUE_AGE.set(current.oldest_due_age_seconds)

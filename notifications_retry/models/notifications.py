@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator
-from django.db import models
-from django.db.models import Q
+from django.db import connections, models
+from django.db.models import Count, DateTimeField, Min, Q, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from notifications_retry.conf import bounds
@@ -20,6 +23,41 @@ from .channels import ChannelConfig, check_constraint
 
 #: ``error_kind`` of a notification the application cancelled (``api.cancel_notification``).
 CANCELLED_ERROR_KIND = CANCELLED  # one name for the error kind of a cancel (rules/outcomes.py)
+
+#: The earliest time read back: PostgreSQL stores times Python cannot hold (``-infinity``, a year before
+#: 1, written by raw SQL), and reading one would fail every tick's statistics and so the heartbeat.
+EARLIEST_READABLE = datetime(1, 1, 2, tzinfo=UTC)
+
+
+def oldest(field: str) -> Greatest:
+    """``Min(field)``, read no earlier than :data:`EARLIEST_READABLE` (a bound, not NULL, over no rows:
+    the callers look at the count first)."""
+    return Greatest(Min(field), Value(EARLIEST_READABLE, output_field=DateTimeField()))
+
+
+def age_seconds(now: datetime, since: datetime | None) -> float:
+    """Seconds from ``since`` to ``now``, never below 0; 0 when there is nothing (``since`` None)."""
+    return max(0.0, (now - since).total_seconds()) if since else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusRow:
+    """One (status, channel) group: how many rows and how old the oldest is."""
+
+    status: str
+    channel: str
+    count: int
+    oldest_age_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """What is waiting for the worker now."""
+
+    due: int
+    failed_backlog: int
+    dead_letters_unresolved: int
+    oldest_due_age_seconds: float
 
 
 class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
@@ -54,6 +92,57 @@ class NotificationQuerySet(models.QuerySet["NotificationEntity"]):
     def discardable(self) -> NotificationQuerySet:
         """Dead letters not discarded yet."""
         return self.dead_letters().exclude(resolution=NotificationEntity.Resolution.DISCARDED)
+
+    # Queue health, from the rules above: the worker's gauges and heartbeat sample, the web process's
+    # gauges, the admin's dashboard and ``api.queue_stats`` read these.
+
+    def backlog(self, now: datetime) -> Backlog:
+        """Due rows, retry backlog, unresolved dead letters and the age of the oldest due row. A lapsed
+        lease no claim gave back yet (its worker died) counts as due since its expiry.
+
+        One statement: each figure is its own aggregate over its rule's query (each on its own index),
+        joined as one row. A worker counts it with its heartbeat, idle or not; four round trips were
+        three statements more each time."""
+        parts = [
+            (self.due(now), "due_at"),
+            (self.lapsed(now), "claim_expires_at"),
+            (self.failed_backlog(), None),
+            (self.unresolved_dead_letters(), None),
+        ]
+        selects: list[str] = []
+        params: list[Any] = []
+        for number, (rows, since) in enumerate(parts):
+            sql, sql_params = rows.order_by().values(since or "pk").query.sql_with_params()
+            figures = "count(*)" if since is None else f"count(*), greatest(min({since}), %s)"
+            selects.append(f"(SELECT {figures} FROM ({sql}) AS part) AS p{number}")
+            params.extend(sql_params if since is None else [EARLIEST_READABLE, *sql_params])
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(f"SELECT * FROM {', '.join(selects)}", params)
+            due, due_oldest, lapsed, lapsed_oldest, failed, dead_letters = cursor.fetchone()
+        first = min((at for count, at in ((due, due_oldest), (lapsed, lapsed_oldest)) if count), default=None)
+        return Backlog(
+            due=due + lapsed,
+            failed_backlog=failed,
+            dead_letters_unresolved=dead_letters,
+            oldest_due_age_seconds=age_seconds(now, first),
+        )
+
+    def status_breakdown(self, now: datetime) -> list[StatusRow]:
+        """Counts and oldest age by status and channel (a full scan: for dashboards, not for ticks)."""
+        rows = (
+            self.values("status", "channel__key")
+            .annotate(count=Count("pk"), oldest=oldest("created_at"))
+            .order_by("status", "channel__key")
+        )
+        return [
+            StatusRow(
+                status=r["status"],
+                channel=r["channel__key"],
+                count=r["count"],
+                oldest_age_seconds=age_seconds(now, r["oldest"]),
+            )
+            for r in rows
+        ]
 
 
 class NotificationEntity(models.Model):

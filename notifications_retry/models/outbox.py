@@ -2,20 +2,45 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from notifications_retry.database.triggers import outbox_triggers
 from notifications_retry.rules.event_ids import DERIVED_EVENT_ID, outbox_event_id
 
+from .notifications import age_seconds, oldest
+
 DISPATCHED_TOPIC = "pin.notifications.dispatched.v1"
 #: What an ESP reported after a send (docs/events.md); its events carry the same contract version.
 DELIVERY_STATUS_TOPIC = "pin.notifications.delivery-status.v1"
 CONTRACT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxBacklog:
+    """What waits for the relay."""
+
+    unpublished: int
+    oldest_unpublished_age_seconds: float
+
+
+class OutboxQuerySet(models.QuerySet["Outbox"]):
+    def backlog(self, now: datetime) -> OutboxBacklog:
+        """Unpublished events and the age of the oldest (0 when none waits): one statement over the
+        partial index on unpublished events."""
+        waiting = self.filter(published_at__isnull=True).aggregate(
+            count=Count("pk"), oldest=oldest("created_at")
+        )
+        first = waiting["oldest"] if waiting["count"] else None
+        return OutboxBacklog(
+            unpublished=waiting["count"], oldest_unpublished_age_seconds=age_seconds(now, first)
+        )
 
 
 class Outbox(models.Model):
@@ -32,6 +57,8 @@ class Outbox(models.Model):
     payload = models.JSONField()
     created_at = models.DateTimeField(default=timezone.now)
     published_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OutboxQuerySet.as_manager()
 
     class Meta:
         verbose_name = "outbox event"

@@ -2,9 +2,9 @@
 
 The worker sets its backlog gauges at the end of each tick, on its own port: when every worker is down
 the very gauge that says so stops. :class:`QueueHealthCollector`, registered in the web process
-(:func:`register`, README step 5), reads the same figures (:func:`~notifications_retry.observability.
-health.backlog`, the queries the worker runs each tick, on the same partial indexes) at scrape time,
-so django-prometheus's ``/metrics`` carries them whatever the workers do.
+(:func:`register`, README step 5), reads the same figures (``NotificationEntity.objects.backlog()``,
+the statement the worker runs with its heartbeat, on the same partial indexes) at scrape time, so
+django-prometheus's ``/metrics`` carries them whatever the workers do.
 
 Cheap and bounded: one reading serves every scrape for ``max_age_seconds`` (10 s: a Prometheus and a
 second one, or several dashboards, cost one reading), and it runs under a ``statement_timeout`` of its
@@ -37,7 +37,7 @@ __all__ = ["GAUGES", "UP", "QueueHealthCollector", "register"]
 
 logger = logging.getLogger(__name__)
 
-#: (metric name, help, the :class:`~notifications_retry.observability.health.Backlog` field it reads).
+#: (metric name, help, the :class:`~notifications_retry.models.Backlog` field it reads).
 #: The first three are the worker's gauges of the same names (observability/metrics.py).
 GAUGES = (
     ("notifications_failed_backlog_gauge", "Failed records waiting for a retry.", "failed_backlog"),
@@ -112,13 +112,13 @@ class QueueHealthCollector(Collector):
             return reading.values
 
     def _read(self) -> dict[str, float] | None:
-        from notifications_retry.observability.health import backlog
+        from notifications_retry.models import NotificationEntity
 
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 # Bounded: a slow count must not hold a web worker (or pile up behind scrapes).
                 cursor.execute(f"SET LOCAL statement_timeout = {self.statement_timeout_ms}")
-                figures = backlog(self._now())
+                figures = NotificationEntity.objects.backlog(self._now())
         except DatabaseError as exc:
             logger.warning("queue-health-unreadable: %s", exc)
             return None

@@ -40,7 +40,6 @@ from notifications_retry.delivery.events import mark_published
 from notifications_retry.delivery.session import drop_broken_connection
 from notifications_retry.models import Outbox
 from notifications_retry.observability import metrics
-from notifications_retry.observability.health import outbox_backlog
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
 from notifications_retry.outbox.publishers import Publisher, PublishError, get_publisher
 from notifications_retry.rules.backoff import exponential_delay
@@ -414,7 +413,7 @@ class Relay:
 
 def set_outbox_gauges(now: datetime) -> None:
     """Read the outbox's backlog and set its gauges (``outbox_relay``'s; ``retry_worker`` has its own)."""
-    backlog = outbox_backlog(now)
+    backlog = Outbox.objects.backlog(now)
     metrics.OUTBOX_UNPUBLISHED.set(backlog.unpublished)
     metrics.OUTBOX_OLDEST_UNPUBLISHED_AGE.set(backlog.oldest_unpublished_age_seconds)
 

@@ -121,7 +121,6 @@ def test_the_backlog_is_counted_in_one_statement_by_the_models_own_rules(clock):
     from django.test.utils import CaptureQueriesContext
 
     from notifications_retry.models import NotificationEntity
-    from notifications_retry.observability.health import backlog
 
     channel = ChannelFactory(key="stub", provider_key="stub")
     now = clock.now()
@@ -138,7 +137,7 @@ def test_the_backlog_is_counted_in_one_statement_by_the_models_own_rules(clock):
     NotificationEntity.objects.filter(pk=failed[1].pk).update(dead_lettered_at=now, resolution="discarded")
     objects = NotificationEntity.objects
     with CaptureQueriesContext(connection) as captured:
-        figures = backlog(now)
+        figures = objects.backlog(now)
     assert len(captured.captured_queries) == 1
     assert figures.due == objects.due(now).count() + objects.lapsed(now).count() == 5
     assert figures.failed_backlog == objects.failed_backlog().count() == 7  # the due rows are retries too

@@ -135,14 +135,12 @@ def test_a_due_row_with_its_other_times_in_year_12000_is_claimed_and_sent_beside
 def test_queue_statistics_read_a_due_time_before_year_one_as_long_due() -> None:
     """A ``-infinity`` due row (on a disabled channel, so it stays due) must not fail the backlog
     statistics every tick writes with the heartbeat, nor the status breakdown of the dashboard."""
-    from notifications_retry.observability.health import backlog, status_breakdown
-
     paused = ChannelFactory(key="paused_far", provider_key="in_app", is_enabled=False)
     row = failed(paused, -60)
     set_column(row.pk, "next_attempt_at", "-infinity")
     set_column(row.pk, "created_at", "-infinity")
     now = timezone.now()
-    figures = backlog(now)
+    figures = NotificationEntity.objects.backlog(now)
     assert figures.due == 1
     assert figures.oldest_due_age_seconds == (now - LONG_AGO).total_seconds()
-    assert [r.count for r in status_breakdown(now)] == [1]
+    assert [r.count for r in NotificationEntity.objects.status_breakdown(now)] == [1]
