@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 FIXED = "fixed"
 #: The shortest wait after an answer with Retry-After (a "Retry-After: 0" still waits this long): a
-#: retry is never immediate (the design note's retry-cascade incident).
+#: retry is never immediate, or a burst of "Retry-After: 0" answers would come back at once, a burst.
 MIN_RETRY_AFTER_SECONDS = 1.0
 #: The longest wait before a next attempt, whatever the backoff or a provider's Retry-After says.
 MAX_DELAY_SECONDS = 366 * 86_400

@@ -1,4 +1,4 @@
-"""Provider failover with two real local receivers on 127.0.0.1 (issue 14, point 3).
+"""Provider failover with two real local receivers on 127.0.0.1.
 
 The primary's provider refusing an attempt unambiguously (a closed port, 503, 429) sends the same
 attempt to the fallback channel's provider; an ambiguous failure (the request was read, no answer)

@@ -246,7 +246,7 @@ def test_refused_connection_is_retriable():
     assert info.value.kind == "connection"
 
 
-# -- hostile headers (issue 17): capped, classified, bounded in time and memory ---------------------
+# -- hostile headers: capped, classified, bounded in time and memory ---------------------
 
 
 HEADER_FLOODS = {
