@@ -22,7 +22,6 @@ from notifications_retry.delivery import suppression
 from notifications_retry.delivery.finalize import apply_outcomes, finalize
 from notifications_retry.exceptions import InvalidTransition
 from notifications_retry.models import ChannelConfig, NotificationEntity
-from notifications_retry.rules.backoff import backoff_policy, lease_seconds
 from notifications_retry.rules.outcomes import (
     HANDOFF,
     TERMINAL,
@@ -89,7 +88,7 @@ def _decided(
     budget = attempt_budget(
         channel.max_attempts, channel.key, record.notification_type, conf.ATTEMPTS_BY_TYPE
     )
-    policy = backoff_policy(channel, conf)
+    policy = channel.backoff_policy(conf)
     decision = decide(failure, attempts=record.attempts, budget=budget, now=now, policy=policy, rng=rng)
     return outcome_of(
         record,
@@ -151,7 +150,7 @@ def lease_fresh(pk: uuid.UUID | str, *, now: datetime) -> tuple[ClaimedRecord, C
     with transaction.atomic():
         row = locked_pending(pk, now, doing=HAND_OVER)
         token = uuid.uuid4()
-        expires = now + timedelta(seconds=lease_seconds(row.channel, get_settings().LEASE_GRACE_SECONDS))
+        expires = now + timedelta(seconds=row.channel.lease_seconds(get_settings().LEASE_GRACE_SECONDS))
         NotificationEntity.objects.filter(pk=row.pk).update(
             attempts=row.attempts + 1, claim_token=token, claim_expires_at=expires, updated_at=now
         )

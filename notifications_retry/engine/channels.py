@@ -28,13 +28,7 @@ from notifications_retry.engine.tenant_limits import TenantLimits
 from notifications_retry.models import ChannelConfig, NotificationEntity
 from notifications_retry.observability import metrics
 from notifications_retry.providers import Provider, get_provider_class
-from notifications_retry.rules.backoff import (
-    QUEUE_ROUNDS,
-    RATE_HORIZON_SECONDS,
-    backoff_policy,
-    lease_seconds,
-    start_allowance_seconds,
-)
+from notifications_retry.rules.backoff import QUEUE_ROUNDS, RATE_HORIZON_SECONDS
 from notifications_retry.rules.outcomes import ClaimedRecord
 
 log = structlog.get_logger("notifications_retry.worker")
@@ -108,7 +102,7 @@ class ChannelRuntime:
         self.exhausted = False
         #: Why no call may start on this channel any more this tick ("": it may): it was found disabled.
         self.stopped = ""
-        self.policy = backoff_policy(config, conf)
+        self.policy = config.backoff_policy(conf)
 
     @property
     def inline(self) -> bool:
@@ -142,15 +136,15 @@ class ChannelRuntime:
         return len(self.queue)
 
     def lease_seconds(self, conf: RetrySettings) -> float:
-        """This channel's lease (:func:`~notifications_retry.rules.backoff.lease_seconds`)."""
+        """This channel's lease (``ChannelConfig.lease_seconds``)."""
         fallback = self.fallback.config if self.fallback is not None else None
-        return lease_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
+        return self.config.lease_seconds(conf.LEASE_GRACE_SECONDS, fallback=fallback)
 
     def start_reserve(self, conf: RetrySettings) -> float:
         """What a record's lease must still hold when its call starts: its calls and half the grace (the
-        lease less :func:`~notifications_retry.rules.backoff.start_allowance_seconds`)."""
+        lease less ``ChannelConfig.start_allowance_seconds``)."""
         fallback = self.fallback.config if self.fallback is not None else None
-        allowance = start_allowance_seconds(self.config, conf.LEASE_GRACE_SECONDS, fallback=fallback)
+        allowance = self.config.start_allowance_seconds(conf.LEASE_GRACE_SECONDS, fallback=fallback)
         return self.lease_seconds(conf) - allowance
 
     def capacity(self, now_mono: float, chunk: int) -> int:

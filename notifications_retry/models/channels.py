@@ -15,11 +15,12 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from notifications_retry.conf import bounds
+from notifications_retry.conf import RetrySettings, bounds
 from notifications_retry.conf.channel_settings import ChannelSettings
 from notifications_retry.database.triggers import channel_triggers
 from notifications_retry.inputs.url_policy import resolution_problems
 from notifications_retry.inputs.validation import range_validators
+from notifications_retry.rules.backoff import JITTER_RATIO, LEASED_ROUNDS, RATE_HORIZON_SECONDS, BackoffPolicy
 
 
 def check_constraint(condition: Q, name: str) -> models.CheckConstraint:
@@ -126,6 +127,51 @@ class ChannelConfig(models.Model):
             max_concurrency=self.max_concurrency,
             options=dict(self.options or {}),
         )
+
+    # What the channel's configuration decides for each of its records: how it backs off and how long it
+    # is leased. The worker's claims (engine.channels) and the monolith's own sends (delivery.handoff)
+    # both ask the channel, so a record waits and is leased alike whoever sends it.
+
+    def backoff_policy(self, conf: RetrySettings) -> BackoffPolicy:
+        """The retry backoff (``retry_backoff``, base, cap), spread by ``JITTER_RATIO``, and the longest
+        wait a ``Retry-After`` gets (``RETRY_AFTER_MAX_SECONDS``, its spread included)."""
+        retry_after_max = conf.RETRY_AFTER_MAX_SECONDS
+        if not bounds.SETTINGS["RETRY_AFTER_MAX_SECONDS"].contains(retry_after_max):
+            # Check E001 reports the value; an outcome must still be decided within a bound.
+            retry_after_max = RetrySettings.RETRY_AFTER_MAX_SECONDS
+        return BackoffPolicy(
+            kind=self.retry_backoff,
+            base_seconds=float(self.backoff_base_seconds),
+            cap_seconds=float(self.backoff_cap_seconds),
+            jitter_ratio=JITTER_RATIO,
+            retry_after_max=float(retry_after_max),
+        )
+
+    def lease_seconds(self, grace_seconds: float, *, fallback: ChannelConfig | None = None) -> float:
+        """How long a claim leases a record: a round of waiting ahead of it and its own call, plus a grace.
+
+        With a ``fallback``, a call may be followed by the fallback's: the lease covers both, so a
+        failover never outlives its record's lease (a late outcome would be discarded and the row sent
+        again). ``grace_seconds`` is the ``LEASE_GRACE_SECONDS`` setting.
+        """
+        return (LEASED_ROUNDS + 1) * self._call_seconds(fallback) + RATE_HORIZON_SECONDS + grace_seconds
+
+    def start_allowance_seconds(
+        self, grace_seconds: float, *, fallback: ChannelConfig | None = None
+    ) -> float:
+        """How long after its claim a record's call may still start: the waiting its lease covers, and
+        half the grace. The lease then still holds the call (and its fallback's) and the other half of
+        the grace for the outcome's commit. Started later, the call could outlive the lease, and the row
+        be claimed and sent by another worker meanwhile: such a record is given back unsent instead.
+        """
+        return LEASED_ROUNDS * self._call_seconds(fallback) + RATE_HORIZON_SECONDS + grace_seconds / 2
+
+    def _call_seconds(self, fallback: ChannelConfig | None) -> float:
+        """The longest a record's calls may take: the channel's timeout, and its fallback's after it."""
+        timeout = float(self.timeout_seconds)
+        if fallback is not None:
+            timeout += float(fallback.timeout_seconds)
+        return timeout
 
     def configuration_problems(self) -> list[str]:
         """What stops this channel from sending; empty when it can work."""

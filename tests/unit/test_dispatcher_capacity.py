@@ -10,7 +10,7 @@ from notifications_retry.engine.channels import QUEUE_ROUNDS, RATE_HORIZON_SECON
 from notifications_retry.engine.flow_control import FlowFeedback
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.webhook import WebhookProvider
-from notifications_retry.rules.backoff import LEASED_ROUNDS, start_allowance_seconds
+from notifications_retry.rules.backoff import LEASED_ROUNDS
 from notifications_retry.rules.outcomes import RETRY, SENT, TERMINAL, ClaimedRecord, Outcome
 from tests.support.records import claimed_record
 
@@ -82,7 +82,7 @@ def test_a_queued_record_may_start_while_its_lease_still_holds_its_call_and_half
     rt = runtime(timeout=5.0)
     grace = get_settings().LEASE_GRACE_SECONDS
     assert rt.start_reserve(get_settings()) == 5.0 + grace / 2
-    assert start_allowance_seconds(rt.config, grace) == 5.0 + RATE_HORIZON_SECONDS + grace / 2
+    assert rt.config.start_allowance_seconds(grace) == 5.0 + RATE_HORIZON_SECONDS + grace / 2
 
 
 def test_a_record_queued_past_its_start_by_is_set_aside_and_the_next_one_starts():

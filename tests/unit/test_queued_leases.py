@@ -9,7 +9,6 @@ from __future__ import annotations
 from notifications_retry.engine.channels import ChannelRuntime
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.webhook import WebhookProvider
-from notifications_retry.rules.backoff import start_allowance_seconds
 from notifications_retry.rules.outcomes import ClaimedRecord, Outcome
 from tests.support.fake_tick import CONF, AnswersAtOnce, FakeDatabase, FakeTime, run_loop_tick
 
@@ -45,7 +44,7 @@ def test_the_queue_tail_left_waiting_past_its_lease_allowance_goes_back_unsent_a
     time = FakeTime()
     db = FakeDatabase(time)
     rows = db.add(1, 6)
-    allowance = start_allowance_seconds(ChannelConfig(timeout_seconds=TIMEOUT), CONF.LEASE_GRACE_SECONDS)
+    allowance = ChannelConfig(timeout_seconds=TIMEOUT).start_allowance_seconds(CONF.LEASE_GRACE_SECONDS)
     # Each call takes almost half the allowance: the first claim's six rows cannot all start within it.
     executor = SlowAnswers(time, cost=allowance / 2.5)
     run(time, db, executor, max_duration=60.0)

@@ -14,7 +14,7 @@ from notifications_retry.exceptions import ProviderThrottled
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.http_status import parse_retry_after
 from notifications_retry.providers.webhook import classify_response
-from notifications_retry.rules.backoff import BackoffPolicy, backoff_policy, next_attempt_at
+from notifications_retry.rules.backoff import BackoffPolicy, next_attempt_at
 from notifications_retry.rules.outcomes import RETRY, decide, failure_of
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -102,7 +102,7 @@ def test_the_decision_on_a_clamped_throttle_waits_the_setting_at_most(
         attempts=1,
         budget=5,
         now=NOW,
-        policy=backoff_policy(channel, get_settings()),
+        policy=channel.backoff_policy(get_settings()),
         rng=HighestDraw(),
     )
     assert decision.result == RETRY

@@ -24,7 +24,6 @@ from notifications_retry.engine.reporting import OutcomeReporter, TickStats
 from notifications_retry.engine.wakeup import wake_after
 from notifications_retry.models import ChannelConfig
 from notifications_retry.providers.base import OutgoingMessage
-from notifications_retry.rules.backoff import start_allowance_seconds
 from notifications_retry.rules.outcomes import Outcome
 from tests.support.fake_tick import (
     CONF,
@@ -170,7 +169,7 @@ def test_the_deadline_ends_the_claims_and_the_tick_commits_what_it_sent():
     assert 10.0 <= time.t < 10.0 + CLAIM_CHUNK_SIZE * 0.5
     assert all(at < 10.0 for at, _, _ in db.claims), "no claim starts past the deadline"
     # A chunk of 500 at 0.5 s a call outlasts its leases: what could not start within them went back.
-    allowance = start_allowance_seconds(rt.config, CONF.LEASE_GRACE_SECONDS)
+    allowance = rt.config.start_allowance_seconds(CONF.LEASE_GRACE_SECONDS)
     assert all(at <= allowance for at, _ in provider(rt).calls) and allowance < time.t <= allowance + 0.5
     assert len(db.committed) + len(db.released) == stats.claims and not db.leased
 
