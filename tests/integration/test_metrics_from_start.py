@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from notifications_retry.conf import SETTINGS_NAME
 from notifications_retry.engine.worker import Worker
+from notifications_retry.models import ChannelConfig
 from notifications_retry.observability import metrics
 from tests.factories import ChannelFactory
 
@@ -59,15 +60,18 @@ def missing(samples: Samples, channel: str) -> list[tuple[str, dict[str, str]]]:
     ]
 
 
+def webhook_with_fallback(key: str, fallback_key: str) -> tuple[ChannelConfig, ChannelConfig]:
+    """A webhook channel failing over to an in-app one: their counters and their failover pair's."""
+    fallback = ChannelFactory(key=fallback_key, provider_key="in_app")
+    hook = ChannelFactory(
+        key=key, provider_key="webhook", options={"url": "https://hooks.example.com/in"}, fallback=fallback
+    )
+    return hook, fallback
+
+
 def test_every_configured_channel_has_its_counters_at_zero_before_the_first_tick():
     tag = uuid.uuid4().hex[:8]
-    fallback = ChannelFactory(key=f"start-inbox-{tag}", provider_key="in_app")
-    hook = ChannelFactory(
-        key=f"start-hook-{tag}",
-        provider_key="webhook",
-        options={"url": "https://hooks.example.com/in"},
-        fallback=fallback,
-    )
+    hook, fallback = webhook_with_fallback(f"start-hook-{tag}", f"start-inbox-{tag}")
     disabled = ChannelFactory(key=f"start-off-{tag}", provider_key="stub", is_enabled=False)
     broken = ChannelFactory(key=f"start-broken-{tag}", provider_key="webhook", options={})
     other_lane = ChannelFactory(key=f"start-other-{tag}", provider_key="in_app")
@@ -129,13 +133,7 @@ def test_retry_worker_creates_the_series_at_zero_only_when_it_serves_metrics(set
     from notifications_retry.management.commands.retry_worker import Command
 
     tag = uuid.uuid4().hex[:8]
-    fallback = ChannelFactory(key=f"serve-inbox-{tag}", provider_key="in_app")
-    hook = ChannelFactory(
-        key=f"serve-hook-{tag}",
-        provider_key="webhook",
-        options={"url": "https://hooks.example.com/in"},
-        fallback=fallback,
-    )
+    hook, fallback = webhook_with_fallback(f"serve-hook-{tag}", f"serve-inbox-{tag}")
     settings.NOTIFICATIONS_RETRY = {"METRICS_PORT": None}
     # The command is told to serve /metrics; nothing needs to listen for the registry to be read here.
     monkeypatch.setattr(Command, "_serve_metrics", lambda self, addr, port: None)
