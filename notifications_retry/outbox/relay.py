@@ -31,13 +31,13 @@ from typing import Any
 
 import psycopg
 import structlog
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 
 from notifications_retry.conf import get_settings
 from notifications_retry.database.locks import AdvisoryLock, dedicated_connection, direct_session_pid
 from notifications_retry.delivery import events
 from notifications_retry.delivery.events import mark_published
-from notifications_retry.delivery.session import drop_broken_connection
+from notifications_retry.delivery.session import bound_transaction, drop_broken_connection
 from notifications_retry.models import Outbox
 from notifications_retry.observability import metrics
 from notifications_retry.observability.heartbeat_file import HeartbeatFile
@@ -253,6 +253,10 @@ class Relay:
         """Steps 1 and 2 of a batch: the events to publish, their keys locked (:meth:`settle` releases
         them, whatever happens)."""
         with transaction.atomic():
+            # Bounded as the worker's own transactions are: one stranded by a network partition holds its
+            # rows' locks, and the server ends it after the bound instead of the connection's timeouts.
+            with connection.cursor() as cursor:
+                bound_transaction(cursor)
             claimed = list(
                 Outbox.objects.filter(published_at__isnull=True)
                 .order_by("id")

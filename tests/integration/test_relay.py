@@ -343,3 +343,19 @@ def test_a_relay_killed_mid_publish_republishes_and_never_skips(clock):
 
 
 # --- the command --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_relays_take_is_bounded_as_the_workers_transactions_are(clock):
+    """The take locks its events (FOR UPDATE): a transaction a partition strands there must be one the
+    server ends after the bound, so its first statement sets the bound."""
+    from django.test.utils import CaptureQueriesContext
+
+    make_events(clock, keys=1)
+    relay = Relay(LogPublisher(), clock=clock, batch_size=10)
+    with CaptureQueriesContext(connection) as captured:
+        relay.run(once=True)
+    statements = [q["sql"] for q in captured.captured_queries]
+    locking = next(i for i, sql in enumerate(statements) if "FOR UPDATE" in sql)
+    assert "idle_in_transaction_session_timeout" in statements[locking - 1], statements[: locking + 1]
+    assert "statement_timeout" in statements[locking - 1]
