@@ -351,7 +351,9 @@ class ChannelSet:
         """Create the labelled counter series of every channel configured for this lane at zero, before
         the first tick: a scrape between the worker's start and a channel's first outcome sees 0, so
         ``increase()`` counts a first batch. A database that cannot be read now leaves it to the first
-        tick's :meth:`load`, which does the same."""
+        tick's :meth:`load`, which does the same. A process that serves no ``/metrics`` reads nothing."""
+        if not self.serving_metrics:
+            return  # before reading every channel row for nothing
         try:
             every = list(ChannelConfig.objects.all())
         except DatabaseError:
@@ -363,7 +365,10 @@ class ChannelSet:
 
     def _precreate(self, configs: list[ChannelConfig]) -> None:
         """The series of ``configs`` not created yet (disabled and misconfigured channels too: they
-        count ``channel_disabled``), and of each one's failovers to a channel of the lane."""
+        count ``channel_disabled``), and of each one's failovers to a channel of the lane; none in a
+        process that serves no ``/metrics``."""
+        if not self.serving_metrics:
+            return
         new = [c.key for c in configs if c.key not in self._series]
         if new:
             metrics.precreate_series(new, metrics.BUILTIN_ERROR_KINDS, [])
@@ -382,8 +387,7 @@ class ChannelSet:
         """Usable channels of this lane, and how many due rows wait on each unusable one (by key)."""
         every = list(ChannelConfig.objects.all())
         configs = self._served(every)
-        if self.serving_metrics:
-            self._precreate(configs)
+        self._precreate(configs)
         usable: dict[int, ChannelRuntime] = {}
         unusable: dict[int, tuple[ChannelConfig, str]] = {}
         for config in configs:

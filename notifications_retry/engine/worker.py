@@ -323,7 +323,7 @@ class Worker:
         channel_health_changed.connect(metrics.count_health_change, dispatch_uid="nr-health-metric")
         if options.serving_metrics:
             metrics.precreate_series([], [], [self.lane])
-            self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
+        self.channels.precreate_series()  # every channel's counters at 0 before the first tick's scrape
 
     @property
     def waiter(self) -> Waiter:
