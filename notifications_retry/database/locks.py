@@ -248,13 +248,7 @@ class AdvisoryLock:
             self.last_error = exc
             self._discard()
             return False
-        if pid != self._pid:
-            self._abandon()
-            raise LockNotDirect(
-                self.using,
-                f"the lock was tried in server process {pid}, not in the session proven at connect time "
-                f"(pid {self._pid})",
-            )
+        self._same_session(pid, "the lock was tried")
         if got and (listed is None or int(listed[0]) != pid or not listed[1]):
             self._abandon()
             raise LockNotDirect(
@@ -296,6 +290,17 @@ class AdvisoryLock:
         """Release and close the dedicated connection."""
         self.release()
         self._discard()
+
+    def _same_session(self, pid: int, doing: str) -> None:
+        """Raise LockNotDirect (the session abandoned) when ``pid`` is not the session proven at connect
+        time: a pooler handed the statement to another server process."""
+        if pid != self._pid:
+            self._abandon()
+            raise LockNotDirect(
+                self.using,
+                f"{doing} in server process {pid}, not in the session proven at connect time "
+                f"(pid {self._pid})",
+            )
 
     def _abandon(self) -> None:
         # The session is not what was proven: unlock on whatever session answers, then drop it.
@@ -440,13 +445,7 @@ class PartitionLock(AdvisoryLock):
         """Who holds which of the lane's keys now, and the session's pid (LockNotDirect if not ours)."""
         rows = conn.execute(_SNAPSHOT, ([*self._keys, self._presence_key],)).fetchall()
         pid = int(rows[0][0])
-        if pid != self._pid:
-            self._abandon()
-            raise LockNotDirect(
-                self.using,
-                f"the partitions' locks were looked at in server process {pid}, not in the session "
-                f"proven at connect time (pid {self._pid})",
-            )
+        self._same_session(pid, "the partitions' locks were looked at")
         holders: dict[int, list[tuple[int, str]]] = {}
         for _, key, holder, mode in rows:
             if key is not None:
