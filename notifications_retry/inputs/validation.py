@@ -42,7 +42,6 @@ __all__ = [
     "check_payload",
     "check_priority",
     "check_text",
-    "is_email_address",
     "normalize_recipient",
     "range_validators",
     "reject_invalid_payload",
@@ -252,11 +251,6 @@ def _split(recipient: str) -> tuple[str, str] | None:
     if not (at and local and domain) or "@" in local or _SPACE.search(text):
         return None
     return local, domain
-
-
-def is_email_address(recipient: str) -> bool:
-    """Whether ``recipient`` reads as one email address (``local@domain``, maybe with a display name)."""
-    return _split(recipient) is not None
 
 
 def normalize_recipient(recipient: str) -> str:
